@@ -1,0 +1,3 @@
+"""webhook-gateway: one admission webhook in front of many."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,157 @@
+"""The shared vocabulary of one admission review, independent of the AdmissionReview version.
+
+The review codec (``gateway.review``) turns an inbound AdmissionReview into ``AdmissionAttributes``;
+matching (``gateway.matching``) and dispatch read only these. Objects stay undecoded JSON bytes
+(``msgspec.Raw``): the gateway mostly forwards them, and the few decisions that look inside an object
+(label selectors) decode only ``metadata.labels`` through a tiny view Struct.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import msgspec
+
+OPERATIONS: Final = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
+
+
+class GroupVersionKind(msgspec.Struct, frozen=True, omit_defaults=False):
+    group: str = ""
+    version: str = ""
+    kind: str = ""
+
+
+class GroupVersionResource(msgspec.Struct, frozen=True, omit_defaults=False):
+    group: str = ""
+    version: str = ""
+    resource: str = ""
+
+
+class _Labels(msgspec.Struct):
+    labels: dict[str, str] | None = None
+
+
+class _ObjectMeta(msgspec.Struct):
+    """Decodes only ``metadata.labels``; msgspec skips every other member without building it."""
+
+    metadata: _Labels | None = None
+
+
+_labels_decoder: Final = msgspec.json.Decoder(_ObjectMeta | None)  # type: ignore[arg-type]
+
+NULL: Final = msgspec.Raw(b"null")
+
+
+def is_null(doc: msgspec.Raw | None) -> bool:
+    """True for an absent object or a JSON ``null`` (oldObject on CREATE, object on DELETE)."""
+    return doc is None or bytes(doc).strip() in (b"", b"null")
+
+
+def object_labels(doc: msgspec.Raw | None) -> dict[str, str] | None:
+    """The labels of an object for objectSelector (MAT-19).
+
+    ``None`` when there is no object or it has no ``metadata`` object (never matches); ``{}`` when it
+    has metadata but no labels (tested against the empty label set).
+    """
+    if is_null(doc):
+        return None
+    try:
+        meta = _labels_decoder.decode(doc)  # type: ignore[arg-type]
+    except msgspec.DecodeError:
+        # A metadata member that is not an object, labels that are not strings ...: upstream cannot
+        # build an accessor for it either, so it never matches.
+        return None
+    if meta is None or meta.metadata is None:
+        return None
+    return meta.metadata.labels or {}
+
+
+class AdmissionAttributes:
+    """One review's request attributes as matching and dispatch see them (immutable by convention).
+
+    ``object`` is the *current* object: the inbound one, or in the mutating chain the result of the
+    patches applied so far (``with_object``). Labels are decoded lazily, once per object version.
+    """
+
+    __slots__ = (
+        "_labels",
+        "_old_labels",
+        "dry_run",
+        "kind",
+        "name",
+        "namespace",
+        "object",
+        "old_object",
+        "operation",
+        "resource",
+        "sub_resource",
+        "uid",
+    )
+
+    def __init__(
+        self,
+        *,
+        uid: str,
+        operation: str,
+        kind: GroupVersionKind,
+        resource: GroupVersionResource,
+        sub_resource: str = "",
+        name: str = "",
+        namespace: str = "",
+        object: msgspec.Raw | None = None,  # noqa: A002 - the Kubernetes field name
+        old_object: msgspec.Raw | None = None,
+        dry_run: bool = False,
+    ) -> None:
+        self.uid = uid
+        self.operation = operation
+        self.kind = kind
+        self.resource = resource
+        self.sub_resource = sub_resource
+        self.name = name
+        self.namespace = namespace
+        self.object = object
+        self.old_object = old_object
+        self.dry_run = dry_run
+        self._labels: dict[str, str] | None | bool = False  # False: not decoded yet
+        self._old_labels: dict[str, str] | None | bool = False
+
+    def object_labels(self) -> dict[str, str] | None:
+        if self._labels is False:
+            self._labels = object_labels(self.object)
+        return self._labels  # type: ignore[return-value]
+
+    def old_object_labels(self) -> dict[str, str] | None:
+        if self._old_labels is False:
+            self._old_labels = object_labels(self.old_object)
+        return self._old_labels  # type: ignore[return-value]
+
+    def with_object(self, obj: msgspec.Raw) -> AdmissionAttributes:
+        """The same request with a new current object (after a mutating backend's patch)."""
+        new = AdmissionAttributes(
+            uid=self.uid,
+            operation=self.operation,
+            kind=self.kind,
+            resource=self.resource,
+            sub_resource=self.sub_resource,
+            name=self.name,
+            namespace=self.namespace,
+            object=obj,
+            old_object=self.old_object,
+            dry_run=self.dry_run,
+        )
+        new._old_labels = self._old_labels
+        return new
+
+    @property
+    def is_namespace_object(self) -> bool:
+        """MAT-14 quirk: only the resource name ``namespaces`` is looked at, not group or version."""
+        return self.resource.resource == "namespaces"
+
+    def __repr__(self) -> str:
+        res = self.resource
+        sub = f"/{self.sub_resource}" if self.sub_resource else ""
+        where = f"{self.namespace}/{self.name}" if self.namespace else self.name
+        return (
+            f"<AdmissionAttributes {self.operation} {res.group or 'core'}/{res.version}/{res.resource}{sub}"
+            f" {where!r} uid={self.uid}>"
+        )

@@ -1,0 +1,1 @@
+"""What webhooks exist: loading, defaulting and validating configuration into an immutable Snapshot."""

@@ -1,0 +1,140 @@
+"""The gateway's exception hierarchy (bottom of the import stack: imports nothing from the gateway).
+
+One root, ``GatewayError``. Failing to *call* a backend (``CallingWebhookError``, upstream's
+``ErrCallingWebhook``) is the only family governed by ``failurePolicy``; a rejection is a value,
+never an exception. Errors carry structured fields so that callers never parse message texts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+class GatewayError(Exception):
+    """Root of every error the gateway raises on purpose."""
+
+
+# --- configuration -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigProblem:
+    """One problem found while loading configuration (CFG-23): where, what, how bad.
+
+    ``str()`` gives the one-line message operators read, e.g.
+    ``config/team-a.yaml: MutatingWebhookConfiguration "team-a" webhooks[1].timeoutSeconds: must be ...``.
+    """
+
+    file: str
+    message: str
+    kind: str = ""
+    name: str = ""
+    path: str = ""
+    severity: Literal["error", "warning"] = "error"
+
+    def __str__(self) -> str:
+        where = self.file
+        if self.kind:
+            where += f': {self.kind} "{self.name}"' if self.name else f": {self.kind}"
+        if self.path:
+            where += f" {self.path}" if self.kind else f": {self.path}"
+        return f"{where}: {self.message}"
+
+
+class ConfigError(GatewayError):
+    """A configuration set was refused; ``problems`` lists every error (and the warnings seen)."""
+
+    def __init__(self, problems: list[ConfigProblem]) -> None:
+        self.problems = problems
+        errors = [p for p in problems if p.severity == "error"]
+        super().__init__("\n".join(str(p) for p in errors) or "invalid configuration")
+
+    @property
+    def errors(self) -> list[ConfigProblem]:
+        return [p for p in self.problems if p.severity == "error"]
+
+
+# --- inbound reviews -----------------------------------------------------------------------------
+
+
+class BadReview(GatewayError):
+    """The caller's review is malformed (REV-01): answered with HTTP 400 and this message."""
+
+
+# --- calling a backend ---------------------------------------------------------------------------
+
+
+class TransportError(GatewayError):
+    """The transport could not deliver a request or read its reply.
+
+    ``cause`` is the Go-like text upstream would print after ``Post "<url>": `` (ERR-06), e.g.
+    ``context deadline exceeded``, ``dial tcp 127.0.0.1:1: connect: connection refused``.
+    """
+
+    def __init__(self, cause: str) -> None:
+        self.cause = cause
+        super().__init__(cause)
+
+
+class TransportTimeout(TransportError):
+    """The call's deadline passed (FPT-05)."""
+
+    def __init__(self) -> None:
+        super().__init__("context deadline exceeded")
+
+
+class ResponseTooLarge(TransportError):
+    """The reply body exceeded the configured limit (TRN-12)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        super().__init__(f"response body exceeds {limit} bytes")
+
+
+class ClientConfigError(GatewayError):
+    """A backend's caBundle or credentials cannot be used (TRN-07): every call is a call error."""
+
+
+class CallingWebhookError(GatewayError):
+    """A call error (upstream ``ErrCallingWebhook``): governed by ``failurePolicy``.
+
+    ``reason`` is the full ERR-03 text (e.g. ``failed to call webhook: Post "...": connection refused``);
+    ``status_code`` is the FPT-12 code used by metrics; ``kind`` classifies it for metrics and logs.
+    """
+
+    def __init__(self, reason: str, *, status_code: int = 503, kind: str = "call") -> None:
+        self.reason = reason
+        self.status_code = status_code
+        self.kind = kind
+        super().__init__(reason)
+
+
+class WebhookRejectedInternally(GatewayError):
+    """An internal error while handling one backend's reply (FPT table: not governed by failurePolicy).
+
+    Covers dry-run refusal (ERR-04), patch failures (MUT-06/07/09/10, ERR-05). It carries the
+    Status fields the review is denied with; metrics record code 0.
+    """
+
+    def __init__(self, *, code: int, reason: str, message: str) -> None:
+        self.code = code
+        self.status_reason = reason
+        self.message = message
+        super().__init__(message)
+
+
+class MatchingError(GatewayError):
+    """A matching step failed in a way that answers the whole review (MAT-02/16/17/23/28).
+
+    ``details`` mirrors the Status ``details`` object (name, group, kind ...).
+    """
+
+    def __init__(
+        self, *, code: int, reason: str, message: str, details: dict[str, str] | None = None
+    ) -> None:
+        self.code = code
+        self.status_reason = reason
+        self.message = message
+        self.details = details or {}
+        super().__init__(message)

@@ -1,0 +1,1 @@
+"""Shared fixtures. Fixtures that start servers live in tests/support/."""
