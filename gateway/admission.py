@@ -27,6 +27,31 @@ class GroupVersionResource(msgspec.Struct, frozen=True, omit_defaults=False):
     resource: str = ""
 
 
+class StatusCause(msgspec.Struct, omit_defaults=True):
+    type: str = ""
+    message: str = ""
+    field: str = ""
+
+
+class StatusDetails(msgspec.Struct, omit_defaults=True, rename="camel"):
+    name: str = ""
+    group: str = ""
+    kind: str = ""
+    uid: str = ""
+    causes: list[StatusCause] | None = None
+    retry_after_seconds: int = 0
+
+
+class Status(msgspec.Struct, omit_defaults=True):
+    """A ``meta.k8s.io/v1`` Status as carried in ``response.status`` of an AdmissionReview."""
+
+    status: str = ""
+    message: str = ""
+    reason: str = ""
+    details: StatusDetails | None = None
+    code: int = 0
+
+
 class _Labels(msgspec.Struct):
     labels: dict[str, str] | None = None
 
