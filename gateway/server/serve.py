@@ -132,10 +132,13 @@ async def serve(
     readiness = Readiness()
     shutdown_requested = trio.Event()
 
-    async with ClientPool(
-        max_connections_per_origin=options.max_connections_per_backend,
-        max_response_bytes=options.max_backend_response_bytes,
-    ) as pool, trio.open_nursery() as nursery:
+    async with (
+        ClientPool(
+            max_connections_per_origin=options.max_connections_per_backend,
+            max_response_bytes=options.max_backend_response_bytes,
+        ) as pool,
+        trio.open_nursery() as nursery,
+    ):
         caller = BackendCaller(pool, credentials)
         namespaces = await nursery.start(make_namespace_source, options, store)
         readiness.add_check(lambda: store.current is not None)
@@ -171,19 +174,29 @@ async def serve(
                     log.error("configuration reload refused; keeping the last good one", problem=str(problem))
             else:
                 caller.forget_targets()
-                log.info("configuration reloaded", generation=snapshot.generation,
-                         validating=len(snapshot.validating), mutating=len(snapshot.mutating))
+                log.info(
+                    "configuration reloaded",
+                    generation=snapshot.generation,
+                    validating=len(snapshot.validating),
+                    mutating=len(snapshot.mutating),
+                )
             if observer is not None and hasattr(observer, "config_reloaded"):
-                observer.config_reloaded(ok=snapshot is not None, snapshot=snapshot or store.current,
-                                         problems=problems)
+                observer.config_reloaded(
+                    ok=snapshot is not None, snapshot=snapshot or store.current, problems=problems
+                )
 
         nursery.start_soon(
-            watch_config_dir, options.config, store, lambda _path, generation: load(generation),
-            options.config_poll_seconds, on_reload,
+            watch_config_dir,
+            options.config,
+            store,
+            lambda _path, generation: load(generation),
+            options.config_poll_seconds,
+            on_reload,
         )
         if tls is not None:
-            nursery.start_soon(watch_files, [tls.certfile, tls.keyfile], _reload_tls(tls),
-                               options.config_poll_seconds)
+            nursery.start_soon(
+                watch_files, [tls.certfile, tls.keyfile], _reload_tls(tls), options.config_poll_seconds
+            )
 
         stop_serving = trio.Event()
         main_cfg = hypercorn_config(options.bind, tls=tls, shutdown_timeout=options.shutdown_timeout)
@@ -192,8 +205,14 @@ async def serve(
         if options.metrics_bind:
             metrics_cfg = hypercorn_config(options.metrics_bind, tls=None, shutdown_timeout=1.0)
             metrics_urls = await nursery.start(_serve_app, _MetricsOnly(app), metrics_cfg, stop_serving.wait)
-        log.info("serving", urls=urls, metrics=metrics_urls, config=options.config,
-                 validating=len(first.validating), mutating=len(first.mutating))
+        log.info(
+            "serving",
+            urls=urls,
+            metrics=metrics_urls,
+            config=options.config,
+            validating=len(first.validating),
+            mutating=len(first.mutating),
+        )
         task_status.started(Running(urls, metrics_urls, app, shutdown_requested.set))
 
         if handle_signals:
@@ -210,8 +229,11 @@ async def serve(
 
 
 async def _serve_app(
-    app: Any, cfg: HypercornConfig, shutdown_trigger: Callable[[], Awaitable[Any]],
-    *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+    app: Any,
+    cfg: HypercornConfig,
+    shutdown_trigger: Callable[[], Awaitable[Any]],
+    *,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     await hypercorn_serve(app, cfg, shutdown_trigger=shutdown_trigger, task_status=task_status)
 
@@ -249,8 +271,13 @@ class _MetricsOnly:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"] not in ("/metrics", "/healthz", "/readyz"):
             body = b"not found\n"
-            await send({"type": "http.response.start", "status": 404,
-                        "headers": [(b"content-length", str(len(body)).encode())]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 404,
+                    "headers": [(b"content-length", str(len(body)).encode())],
+                }
+            )
             await send({"type": "http.response.body", "body": body})
             return
         await self.app(scope, receive, send)
