@@ -80,7 +80,7 @@ def validate_object_meta(meta: types.ObjectMeta | None, *, name_is_label: bool =
         found.warnings.append(
             FieldError(
                 "metadata.namespace",
-                f"the object is cluster-scoped; namespace {meta.namespace!r} is ignored",
+                f"the object is cluster-scoped; namespace {go_quote(meta.namespace)} is ignored",
             )
         )
     return found
