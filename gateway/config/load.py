@@ -227,7 +227,7 @@ class _Loader:
 def _yaml_error(exc: yaml.YAMLError) -> str:
     if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
         mark = exc.problem_mark
-        what = " ".join(p for p in (exc.context, exc.problem) if p)
+        what = f"{exc.problem} ({exc.context})" if exc.context else exc.problem
         return f"invalid YAML at line {mark.line + 1}, column {mark.column + 1}: {what}"
     return f"invalid YAML: {exc}"
 
