@@ -615,3 +615,26 @@ def test_sample_directory() -> None:
         f"{sample}: the timeouts of the 3 mutating webhooks add up to 40s, more than the 30s a caller can "
         "give the gateway: webhooks late in the chain may time out (GW-05)"
     ]
+
+
+def test_self_referencing_yaml_is_an_error(tmp_path: Path) -> None:
+    """A YAML alias that makes a List contain itself is reported, not looped on forever."""
+    write(
+        tmp_path,
+        "loop.yaml",
+        "apiVersion: v1\nkind: List\nitems: &a\n- apiVersion: v1\n  kind: List\n  items: *a\n",
+    )
+    with pytest.raises(ConfigError) as exc:
+        load_directory(tmp_path)
+    assert messages(exc) == [
+        f"{tmp_path / 'loop.yaml'}: documents[0]: the document nests too deeply (a self-referencing YAML alias?)"
+    ]
+
+
+def test_cfg25_one_bad_file_refuses_the_whole_set(tmp_path: Path) -> None:
+    """CFG-25: loading is all or nothing: valid files beside an invalid one give no snapshot at all."""
+    write(tmp_path, "a.yaml", yaml_config("good"))
+    write(tmp_path, "b.yaml", json.dumps(config(hook(timeoutSeconds=99), name="bad")))
+    with pytest.raises(ConfigError) as exc:
+        load_directory(tmp_path)
+    assert [p.name for p in exc.value.errors] == ["bad"]

@@ -128,6 +128,13 @@ class _Loader:
 
     # --- documents ---
 
+    def add(self, doc: _Document) -> None:
+        """Load one top-level document; self-referencing YAML (``&a [*a]``) cannot loop forever."""
+        try:
+            self.document(doc)
+        except RecursionError:
+            self.problem(doc, "the document nests too deeply (a self-referencing YAML alias?)")
+
     def document(self, doc: _Document) -> None:
         body = doc.body
         if body is None:
@@ -283,7 +290,7 @@ def load_files(
         if problem is not None:
             loader.problems.append(problem)
         for doc in docs:
-            loader.document(doc)
+            loader.add(doc)
     origin = str(files[0].parent) if files else "<no files>"
     return loader.snapshot(origin=origin, generation=generation)
 
@@ -309,7 +316,7 @@ def load_directory(
         if problem is not None:
             loader.problems.append(problem)
         for doc in docs:
-            loader.document(doc)
+            loader.add(doc)
     return loader.snapshot(origin=str(path), generation=generation)
 
 
@@ -327,5 +334,5 @@ def load_documents(
     """
     loader = _Loader(lax=lax, strict_https=strict_https)
     for label, body in docs:
-        loader.document(_Document(label, "", body))
+        loader.add(_Document(label, "", body))
     return loader.snapshot(origin="<documents>", generation=generation)

@@ -175,7 +175,7 @@ def _url_parse_error(url: str) -> str | None:
         return f'parse {go_quote(url)}: invalid character " " in host name'
     port = hostport.rpartition("]")[2] if hostport.startswith("[") else hostport
     if ":" in port:
-        digits = port[port.index(":") + 1 :]
+        digits = port.rpartition(":")[2]  # Go takes the port after the last colon
         if not _PORT.fullmatch(digits):
             return f"parse {go_quote(url)}: invalid port {go_quote(':' + digits)} after host"
     return None
