@@ -119,7 +119,7 @@ class _Loader:
             return True
         self.problem(
             doc,
-            f'Duplicate value: "{name}": a {kind} of this name is already defined in {first}',
+            f"Duplicate value: {go_quote(name)}: a {kind} of this name is already defined in {first}",
             kind=kind,
             name=name,
             path="metadata.name",

@@ -42,6 +42,8 @@ class ObjectMeta(Base, frozen=True):
 
 
 class ServiceReference(Base, frozen=True):
+    """admissionregistration ServiceReference: ``{namespace, name, path, port}``."""
+
     namespace: str | None = None
     name: str | None = None
     path: str | None = None
@@ -49,12 +51,16 @@ class ServiceReference(Base, frozen=True):
 
 
 class WebhookClientConfig(Base, frozen=True):
+    """``clientConfig``: ``url`` or ``service``, and a base64 ``caBundle``."""
+
     url: str | None = None
     service: ServiceReference | None = None
     ca_bundle: str | None = None  # base64 on the wire
 
 
 class RuleWithOperations(Base, frozen=True):
+    """One ``rules[]`` entry."""
+
     operations: tuple[str, ...] | None = None
     api_groups: tuple[str, ...] | None = None
     api_versions: tuple[str, ...] | None = None
@@ -63,22 +69,30 @@ class RuleWithOperations(Base, frozen=True):
 
 
 class LabelSelectorRequirement(Base, frozen=True):
+    """One ``matchExpressions[]`` entry."""
+
     key: str | None = None
     operator: str | None = None
     values: tuple[str, ...] | None = None
 
 
 class LabelSelector(Base, frozen=True):
+    """metav1.LabelSelector."""
+
     match_labels: dict[str, str] | None = None
     match_expressions: tuple[LabelSelectorRequirement, ...] | None = None
 
 
 class MatchCondition(Base, frozen=True):
+    """One ``matchConditions[]`` entry (CEL)."""
+
     name: str | None = None
     expression: str | None = None
 
 
 class ValidatingWebhook(Base, frozen=True):
+    """One ``webhooks[]`` element of a ValidatingWebhookConfiguration."""
+
     name: str | None = None
     client_config: WebhookClientConfig | None = None
     rules: tuple[RuleWithOperations, ...] | None = None
@@ -93,10 +107,14 @@ class ValidatingWebhook(Base, frozen=True):
 
 
 class MutatingWebhook(ValidatingWebhook, frozen=True):
+    """One ``webhooks[]`` element of a MutatingWebhookConfiguration (adds reinvocationPolicy)."""
+
     reinvocation_policy: str | None = None
 
 
 class ValidatingWebhookConfiguration(Base, frozen=True):
+    """A ValidatingWebhookConfiguration document (v1 or v1beta1)."""
+
     api_version: str | None = None
     kind: str | None = None
     metadata: ObjectMeta | None = None
@@ -104,6 +122,8 @@ class ValidatingWebhookConfiguration(Base, frozen=True):
 
 
 class MutatingWebhookConfiguration(Base, frozen=True):
+    """A MutatingWebhookConfiguration document (v1 or v1beta1)."""
+
     api_version: str | None = None
     kind: str | None = None
     metadata: ObjectMeta | None = None
@@ -111,6 +131,8 @@ class MutatingWebhookConfiguration(Base, frozen=True):
 
 
 class Namespace(Base, frozen=True):
+    """A v1 Namespace: only its name and labels matter (file mode, GW-01)."""
+
     api_version: str | None = None
     kind: str | None = None
     metadata: ObjectMeta | None = None
