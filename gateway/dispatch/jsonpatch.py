@@ -83,9 +83,14 @@ def _go_syntax_error(data: bytes, exc: msgspec.DecodeError) -> str:
     if match is None:
         return text
     pos = int(match.group(1))
-    char = data[pos : pos + 1].decode("latin-1") if pos < len(data) else ""
-    quoted = repr(char) if char.isprintable() else f"'\\x{ord(char or chr(0)):02x}'"
-    if "trailing characters" in text:
+    trailing = "trailing characters" in text
+    if trailing:
+        pos -= 1  # msgspec points just past the first trailing character
+    if not 0 <= pos < len(data):
+        return text
+    code = data[pos]
+    quoted = f"'{chr(code)}'" if 0x20 <= code < 0x7F and code != 0x27 else f"'\\x{code:02x}'"
+    if trailing:
         return f"invalid character {quoted} after top-level value"
     return f"invalid character {quoted} at offset {pos}"
 
