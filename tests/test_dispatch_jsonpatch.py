@@ -462,7 +462,7 @@ def test_apply_error_texts(doc: str, patch: str, message: str) -> None:
 
 def test_result_shares_untouched_subtrees() -> None:
     """MUT-07: copy-on-write copies only the touched path, so untouched subtrees are shared."""
-    doc = {"metadata": {"labels": {"a": "1"}}, "spec": {"containers": [{"name": "c"}]}}
+    doc: dict[str, Any] = {"metadata": {"labels": {"a": "1"}}, "spec": {"containers": [{"name": "c"}]}}
     out = apply_patch(doc, [{"op": "add", "path": "/metadata/labels/b", "value": "2"}])
     assert out["spec"] is doc["spec"]
     assert out["metadata"] is not doc["metadata"]
