@@ -158,7 +158,9 @@ def _same(a: Any, b: Any) -> bool:
     """Equality that also tells ``1`` from ``1.0``: the JSON texts would differ.
 
     Used by the ``test`` operation, where upstream compares the compacted JSON texts of scalars, and by
-    ``diff_patch``, whose result must reproduce the target exactly.
+    ``diff_patch``, whose result must reproduce the target exactly. Decoded values cannot show every
+    textual difference upstream sees (``1.5`` vs ``1.50``, ``"é"`` vs ``"\\u00e9"``): those compare equal
+    here and unequal upstream.
     """
     if a is b:
         return True
