@@ -1,0 +1,280 @@
+"""should_call: the whole per-backend decision (MAT-01/02, MAT-09/10, MAT-24..28), plus review-level
+exemptions (MAT-31/32) and the forbidden messages matching produces (MAT-28, MAT-33).
+
+Predicates run cheapest first (rules, then selectors, then CEL), but every outcome equals upstream's
+order (``generic/webhook.go ShouldCallHook``): a clean "no" from any predicate skips; selector errors
+count only when the rules match, the namespaceSelector's before the objectSelector's.
+
+Whole-review errors (404/500/403 of MAT-16/17/23/28) are *returned* as ``Refuse(error)`` values, never
+raised: the dispatcher decides in configuration order which one answers the review (VAL-01, MUT-02).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Final, Literal, TypeAlias
+
+import msgspec
+
+from gateway.admission import AdmissionAttributes, GroupVersionResource, Status, StatusCause, StatusDetails
+from gateway.config.model import Webhook
+from gateway.errors import CallingWebhookError, MatchingError
+from gateway.matching.conditions import (
+    DEFAULT_TIME_LIMIT_SECONDS,
+    Clock,
+    ConditionFacts,
+    ConditionInputs,
+    evaluate_conditions,
+)
+from gateway.matching.namespace import NamespaceLabels, match_namespace_selector
+from gateway.matching.objects import match_object_selector, name_for_message
+from gateway.matching.rules import rules_matcher, shape_key
+
+Equivalents: TypeAlias = Mapping[GroupVersionResource, Iterable[GroupVersionResource]]
+"""MAT-10: for a GVR, the GVRs that share its storage (the configured equivalence table)."""
+
+SkipReason = Literal["rules", "namespaceSelector", "objectSelector", "matchConditions"]
+
+
+class Skip(msgspec.Struct, frozen=True):
+    """The backend does not apply. ``reason`` names the predicate that said no, in evaluation order
+    (rules first); ``conditions`` is set when match conditions were evaluated (MAT-30)."""
+
+    reason: SkipReason
+    conditions: ConditionFacts | None = None
+
+
+class Call(msgspec.Struct, frozen=True):
+    """Call the backend with the review as received (the gateway never converts, GW-13)."""
+
+    hook: Webhook
+    conditions: ConditionFacts | None = None
+
+
+class CallFailure(msgspec.Struct, frozen=True):
+    """MAT-10: a call error without calling (governed by the backend's ``failurePolicy``)."""
+
+    hook: Webhook
+    error: CallingWebhookError
+
+
+class Refuse(msgspec.Struct, frozen=True):
+    """A matching error that answers the whole review, whatever ``failurePolicy`` says."""
+
+    hook: Webhook
+    error: MatchingError
+    conditions: ConditionFacts | None = None
+
+
+MatchDecision: TypeAlias = Skip | Call | CallFailure | Refuse
+
+_SKIP_RULES: Final = Skip("rules")
+_SKIP_NAMESPACE: Final = Skip("namespaceSelector")
+_SKIP_OBJECT: Final = Skip("objectSelector")
+
+
+def _gvr_text(gvr: GroupVersionResource) -> str:
+    return f"{gvr.group}/{gvr.version}/{gvr.resource}" if gvr.group else f"{gvr.version}/{gvr.resource}"
+
+
+def equivalent_match_error(
+    requested: GroupVersionResource, matched: GroupVersionResource
+) -> CallingWebhookError:
+    """MAT-10's call error (status code 500 for metrics, FPT-12)."""
+    return CallingWebhookError(
+        f"matchPolicy Equivalent requires converting {_gvr_text(requested)} to {_gvr_text(matched)},"
+        " which the gateway cannot do",
+        status_code=500,
+        kind="equivalent",
+    )
+
+
+def should_call(
+    hook: Webhook,
+    attrs: AdmissionAttributes,
+    namespace_labels: NamespaceLabels | None,
+    *,
+    equivalents: Equivalents | None = None,
+    inputs: ConditionInputs | None = None,
+    time_limit_seconds: float = DEFAULT_TIME_LIMIT_SECONDS,
+    clock: Clock = time.perf_counter,
+) -> MatchDecision:
+    """Decide whether ``hook`` applies to ``attrs`` (MAT-01..30).
+
+    ``namespace_labels`` is the dispatcher's lookup of ``namespace_to_look_up(attrs)``; ``inputs``
+    shares decoded CEL variables across the backends of one review (made here when omitted).
+    """
+    return _decide(
+        hook, attrs, shape_key(attrs), namespace_labels, equivalents, inputs, time_limit_seconds, clock
+    )
+
+
+def decide_all(
+    hooks: Sequence[Webhook],
+    attrs: AdmissionAttributes,
+    namespace_labels: NamespaceLabels | None,
+    *,
+    equivalents: Equivalents | None = None,
+    inputs: ConditionInputs | None = None,
+    time_limit_seconds: float = DEFAULT_TIME_LIMIT_SECONDS,
+    clock: Clock = time.perf_counter,
+) -> list[MatchDecision]:
+    """``should_call`` for every backend, in order, sharing per-review work (VAL-01)."""
+    key = shape_key(attrs)
+    if inputs is None:
+        inputs = ConditionInputs()
+    return [
+        _decide(hook, attrs, key, namespace_labels, equivalents, inputs, time_limit_seconds, clock)
+        for hook in hooks
+    ]
+
+
+def _decide(  # noqa: PLR0917 - the hot path: positional on purpose
+    hook: Webhook,
+    attrs: AdmissionAttributes,
+    key: str,
+    namespace_labels: NamespaceLabels | None,
+    equivalents: Equivalents | None,
+    inputs: ConditionInputs | None,
+    time_limit_seconds: float,
+    clock: Clock,
+) -> MatchDecision:
+    matcher = rules_matcher(hook.rules)
+    via: GroupVersionResource | None = None
+    if not matcher.matches_key(key, attrs):
+        if hook.match_policy != "Equivalent" or equivalents is None:
+            return _SKIP_RULES
+        others = equivalents.get(attrs.resource)
+        if not others:
+            return _SKIP_RULES
+        via = matcher.first_equivalent(attrs, others)
+        if via is None:
+            return _SKIP_RULES
+
+    # Rules match: from here on the selectors decide, with upstream's precedence (MAT-02).
+    ns_selector = hook.namespace_selector
+    ns_result: bool | MatchingError = True
+    if ns_selector.requirements or ns_selector.error is not None:
+        ns_result = match_namespace_selector(ns_selector, attrs, namespace_labels)
+        if ns_result is False:
+            return _SKIP_NAMESPACE
+    obj_selector = hook.object_selector
+    if obj_selector.requirements or obj_selector.error is not None:
+        obj_result = match_object_selector(obj_selector, attrs)
+        if obj_result is False:
+            return _SKIP_OBJECT
+        if isinstance(ns_result, MatchingError):
+            return Refuse(hook, ns_result)
+        if isinstance(obj_result, MatchingError):
+            return Refuse(hook, obj_result)
+    elif isinstance(ns_result, MatchingError):
+        return Refuse(hook, ns_result)
+
+    if via is not None:
+        # MAT-10: upstream would convert the object to ``via`` and evaluate conditions on that;
+        # the gateway can do neither, so the call fails before conditions are looked at.
+        return CallFailure(hook, equivalent_match_error(attrs.resource, via))
+
+    if not hook.match_conditions:
+        return Call(hook)
+    result = evaluate_conditions(
+        hook.match_conditions,
+        hook.failure_policy,
+        attrs,
+        inputs,
+        time_limit_seconds=time_limit_seconds,
+        clock=clock,
+    )
+    if result.error is not None:
+        return Refuse(hook, forbidden(attrs, result.error), result.facts)
+    if not result.matches:
+        return Skip("matchConditions", result.facts)
+    return Call(hook, result.facts)
+
+
+# --- review-level exemptions (MAT-31/32) ----------------------------------------------------------
+
+_CONFIGURATION_KINDS: Final = frozenset(
+    {
+        "ValidatingWebhookConfiguration",
+        "MutatingWebhookConfiguration",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+        "MutatingAdmissionPolicy",
+        "MutatingAdmissionPolicyBinding",
+    }
+)
+_VIRTUAL_RESOURCES: Final = frozenset(
+    {
+        ("authentication.k8s.io", "tokenreviews"),
+        ("authentication.k8s.io", "selfsubjectreviews"),
+        ("authorization.k8s.io", "subjectaccessreviews"),
+        ("authorization.k8s.io", "selfsubjectaccessreviews"),
+        ("authorization.k8s.io", "localsubjectaccessreviews"),
+        ("authorization.k8s.io", "selfsubjectrulesreviews"),
+    }
+)
+
+
+def is_exempt(attrs: AdmissionAttributes, *, exclude_virtual_resources: bool = True) -> bool:
+    """MAT-31/32: reviews answered "allowed" without consulting any backend (even before readiness)."""
+    # upstream: predicates/rules/rules.go IsExemptAdmissionConfigurationResource
+    if attrs.kind.group == "admissionregistration.k8s.io" and attrs.kind.kind in _CONFIGURATION_KINDS:
+        return True
+    return exclude_virtual_resources and (attrs.resource.group, attrs.resource.resource) in _VIRTUAL_RESOURCES
+
+
+# --- forbidden messages (MAT-28, MAT-33) ----------------------------------------------------------
+
+
+def _group_resource(attrs: AdmissionAttributes) -> str:
+    res = attrs.resource
+    return f"{res.resource}.{res.group}" if res.group else res.resource
+
+
+def forbidden_message(attrs: AdmissionAttributes, error: str, *, name: str | None = None) -> str:
+    """``<resource>[.<group>] "<name>" is forbidden: <error>``; name defaults to request.name (MAT-28)."""
+    # upstream: apimachinery api/errors NewForbidden
+    name = attrs.name if name is None else name
+    quoted = f' "{name}"' if name else ""
+    return f"{_group_resource(attrs)}{quoted} is forbidden: {error}"
+
+
+def forbidden(attrs: AdmissionAttributes, error: str, *, name: str | None = None) -> MatchingError:
+    """403 Forbidden with details {group, kind: <resource>, name} (MAT-28)."""
+    name = attrs.name if name is None else name
+    return MatchingError(
+        code=403,
+        reason="Forbidden",
+        message=forbidden_message(attrs, error, name=name),
+        details={"name": name, "group": attrs.resource.group, "kind": attrs.resource.resource},
+    )
+
+
+NOT_READY: Final = "not yet ready to handle request"
+
+
+def not_ready_error(attrs: AdmissionAttributes) -> MatchingError:
+    """MAT-33: the 403 for reviews arriving before readiness, with its name fallbacks."""
+    # upstream: admission/errors.go NewForbidden via extractResourceName
+    return forbidden(attrs, NOT_READY, name=name_for_message(attrs))
+
+
+def matching_error_status(error: MatchingError) -> Status:
+    """The meta/v1 Status a matching error answers the review with (ERR-10: status Failure)."""
+    details = error.details
+    causes = [StatusCause(message=error.message.removeprefix("Internal error occurred: "))]
+    return Status(
+        status="Failure",
+        message=error.message,
+        reason=error.status_reason,
+        code=error.code,
+        details=StatusDetails(
+            name=details.get("name", ""),
+            group=details.get("group", ""),
+            kind=details.get("kind", ""),
+            # upstream: NewInternalError carries the cause text as its only cause
+            causes=causes if error.code == 500 and error.status_reason == "InternalError" else None,
+        ),
+    )
