@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.admission import AdmissionAttributes
+from gateway.config.model import Webhook
 from gateway.config.selectors import EVERYTHING, LabelSelector, Requirement
 from gateway.errors import MatchingError
 from gateway.matching.namespace import (
@@ -325,7 +326,7 @@ def test_namespace_to_look_up(a: AdmissionAttributes, expected: str | None) -> N
         ),
     ],
 )
-def test_namespace_to_look_up_for_hooks(hooks: list, expected: str | None) -> None:  # type: ignore[type-arg]
+def test_namespace_to_look_up_for_hooks(hooks: list[Webhook], expected: str | None) -> None:
     """With the backend list, a lookup is asked for only when some result could matter."""
     assert namespace_to_look_up(attrs("CREATE", namespace="ns"), hooks) == expected
 
