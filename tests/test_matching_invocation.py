@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gateway.admission import (
     AdmissionAttributes,
@@ -15,7 +17,7 @@ from gateway.admission import (
     StatusDetails,
 )
 from gateway.config.model import Webhook
-from gateway.config.selectors import EVERYTHING
+from gateway.config.selectors import EVERYTHING, LabelSelector
 from gateway.errors import MatchingError
 from gateway.matching import (
     Call,
@@ -34,6 +36,9 @@ from gateway.matching import (
     should_call,
 )
 from gateway.matching.invocation import Equivalents
+from gateway.matching.namespace import match_namespace_selector
+from gateway.matching.objects import match_object_selector
+from gateway.matching.rules import rules_match
 from tests.matching_support import attrs, broken_selector, conditions, hook, obj, raw, rule, selector
 
 POD = attrs("CREATE", namespace="ns", name="web-1", object=obj({"app": "web"}, name="web-1"))
@@ -497,3 +502,82 @@ def test_forbidden_message_uses_request_name() -> None:
 def test_matching_error_status(error: MatchingError, status: Status) -> None:
     """The Status a matching error answers the review with."""
     assert matching_error_status(error) == status
+
+
+# --- property: the fast path equals upstream's ShouldCallHook order --------------------------------
+
+
+def upstream_order(h: Webhook, a: AdmissionAttributes, labels: NamespaceLabels | None) -> tuple[str, ...]:
+    """generic/webhook.go ShouldCallHook read literally (Exact policy, no conditions)."""
+    ns = match_namespace_selector(h.namespace_selector, a, labels)
+    if ns is False:
+        return ("skip",)
+    obj_result = match_object_selector(h.object_selector, a)
+    if obj_result is False:
+        return ("skip",)
+    if not rules_match(h.rules, a):
+        return ("skip",)
+    if isinstance(ns, MatchingError):
+        return ("refuse", str(ns.code), ns.message)
+    if isinstance(obj_result, MatchingError):
+        return ("refuse", str(obj_result.code), obj_result.message)
+    return ("call",)
+
+
+selectors_strategy = st.sampled_from(
+    [
+        EVERYTHING,
+        selector({"team": "a"}),
+        selector(None, ("team", "NotIn", ("a",))),
+        selector({"team": "a"}, ("app", "Exists", ())),
+        selector(None, ("app", "DoesNotExist", ())),
+        broken_selector("ns broken"),
+        LabelSelector(error="obj broken"),
+    ]
+)
+rules_choice = st.sampled_from([(rule(),), PODS_ONLY, DEPLOYMENTS_ONLY, (rule(scope="Cluster"),), ()])
+label_values = st.one_of(
+    st.none(), st.dictionaries(st.sampled_from(["team", "app"]), st.sampled_from(["a", "b"]))
+)
+objects_strategy = st.one_of(
+    st.none(),
+    st.just(raw(None)),
+    st.just(raw({"kind": "PodExecOptions"})),
+    label_values.map(obj),
+)
+lookups = st.one_of(
+    st.none(),
+    st.just(NamespaceNotFound("ns")),
+    st.just(NamespaceLookupFailed("boom")),
+    st.dictionaries(st.sampled_from(["team", "app"]), st.sampled_from(["a", "b"])),
+)
+requests = st.builds(
+    lambda op, resource, namespace, new, old: attrs(
+        op, "", "v1", resource, namespace=namespace, object=new, old_object=old
+    ),
+    st.sampled_from(["CREATE", "UPDATE", "DELETE"]),
+    st.sampled_from(["pods", "namespaces", "nodes"]),
+    st.sampled_from(["", "ns"]),
+    objects_strategy,
+    objects_strategy,
+)
+
+
+@given(
+    st.lists(st.tuples(rules_choice, selectors_strategy, selectors_strategy), min_size=1, max_size=4),
+    requests,
+    lookups,
+)
+def test_fast_path_equals_upstream_order(
+    specs: list[tuple[tuple, LabelSelector, LabelSelector]],  # type: ignore[type-arg]
+    a: AdmissionAttributes,
+    labels: NamespaceLabels | None,
+) -> None:
+    """MAT-01/02: however predicates are reordered for speed, every outcome equals upstream's order."""
+    hooks = [
+        hook(f"h{i}.example.com", rules=r, namespace_selector=ns, object_selector=os)
+        for i, (r, ns, os) in enumerate(specs)
+    ]
+    got = [summary(d) for d in decide_all(hooks, a, labels)]
+    expected = [upstream_order(h, a, labels) for h in hooks]
+    assert [g if g[0] != "skip" else ("skip",) for g in got] == expected

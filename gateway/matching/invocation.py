@@ -12,13 +12,14 @@ raised: the dispatcher decides in configuration order which one answers the revi
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Final, Literal, TypeAlias
 
 import msgspec
 
 from gateway.admission import AdmissionAttributes, GroupVersionResource, Status, StatusCause, StatusDetails
 from gateway.config.model import Webhook
+from gateway.config.selectors import LabelSelector
 from gateway.errors import CallingWebhookError, MatchingError
 from gateway.matching.conditions import (
     DEFAULT_TIME_LIMIT_SECONDS,
@@ -27,8 +28,13 @@ from gateway.matching.conditions import (
     ConditionInputs,
     evaluate_conditions,
 )
-from gateway.matching.namespace import NamespaceLabels, match_namespace_selector
-from gateway.matching.objects import match_object_selector, name_for_message
+from gateway.matching.namespace import (
+    NamespaceLabels,
+    internal_error,
+    is_exempt_from_namespace_selector,
+    resolve_namespace_labels,
+)
+from gateway.matching.objects import name_for_message
 from gateway.matching.rules import rules_matcher, shape_key
 
 Equivalents: TypeAlias = Mapping[GroupVersionResource, Iterable[GroupVersionResource]]
@@ -90,6 +96,112 @@ def equivalent_match_error(
     )
 
 
+LabelPredicate: TypeAlias = Callable[[Mapping[str, str]], bool]
+
+
+def _label_predicate(selector: LabelSelector) -> LabelPredicate | None:
+    """A selector as the cheapest equivalent callable; None for ``{}`` (MAT-22)."""
+    requirements = selector.requirements
+    if not requirements:
+        return None
+    if len(requirements) == 1:
+        only = requirements[0]
+        if only.operator == "In" and len(only.values) == 1:
+            # the common ``matchLabels: {k: v}`` case
+            key, (value,) = only.key, tuple(only.values)
+            return lambda labels: labels.get(key) == value
+        return only.matches
+    return selector.matches
+
+
+class _Plan:
+    """One backend, prepared once: compiled rules and selectors, prebuilt errors and decisions."""
+
+    __slots__ = (
+        "call",
+        "has_conditions",
+        "hook",
+        "namespace",
+        "namespace_error",
+        "object",
+        "object_error",
+        "rules",
+        "simple",
+    )
+
+    def __init__(self, hook: Webhook) -> None:
+        self.hook = hook
+        self.rules = rules_matcher(hook.rules)
+        ns, obj = hook.namespace_selector, hook.object_selector
+        self.namespace = _label_predicate(ns)
+        self.namespace_error = None if ns.error is None else internal_error(ns.error)
+        self.object = _label_predicate(obj)
+        self.object_error = None if obj.error is None else internal_error(obj.error)
+        self.has_conditions = bool(hook.match_conditions)
+        self.call = Call(hook)
+        self.simple = (
+            self.namespace is None
+            and self.namespace_error is None
+            and self.object is None
+            and self.object_error is None
+            and not self.has_conditions
+        )
+
+
+# Identity-keyed for the same reason as ``rules._matchers``: hashing a Webhook costs more than matching.
+_plans: dict[int, _Plan] = {}
+_PLAN_LIMIT: Final = 8192
+
+
+def _plan(hook: Webhook) -> _Plan:
+    plan = _plans.get(id(hook))
+    if plan is None or plan.hook is not hook:
+        if len(_plans) >= _PLAN_LIMIT:
+            _plans.clear()
+        plan = _Plan(hook)
+        _plans[id(hook)] = plan
+    return plan
+
+
+_UNRESOLVED: Final = object()
+
+
+class _Review:
+    """Per-review work shared by all backends: the rules shape key, namespace labels, CEL inputs."""
+
+    __slots__ = ("_namespace", "attrs", "clock", "equivalents", "inputs", "key", "looked_up", "time_limit")
+
+    def __init__(
+        self,
+        attrs: AdmissionAttributes,
+        *,
+        looked_up: NamespaceLabels | None,
+        equivalents: Equivalents | None,
+        inputs: ConditionInputs | None,
+        time_limit: float,
+        clock: Clock,
+    ) -> None:
+        self.attrs = attrs
+        self.key = shape_key(attrs)
+        self.looked_up = looked_up
+        self.equivalents = equivalents
+        self.inputs = inputs
+        self.time_limit = time_limit
+        self.clock = clock
+        self._namespace: object = _UNRESOLVED
+
+    def namespace_labels(self) -> Mapping[str, str] | MatchingError | None:
+        """None when MAT-11 exempts the request; else the labels (or error) of MAT-13..17."""
+        if self._namespace is _UNRESOLVED:
+            attrs = self.attrs
+            self._namespace = (
+                None
+                if is_exempt_from_namespace_selector(attrs)
+                else resolve_namespace_labels(attrs, self.looked_up)
+            )
+        return self._namespace  # type: ignore[return-value]
+
+
 def should_call(
     hook: Webhook,
     attrs: AdmissionAttributes,
@@ -105,13 +217,19 @@ def should_call(
     ``namespace_labels`` is the dispatcher's lookup of ``namespace_to_look_up(attrs)``; ``inputs``
     shares decoded CEL variables across the backends of one review (made here when omitted).
     """
-    return _decide(
-        hook, attrs, shape_key(attrs), namespace_labels, equivalents, inputs, time_limit_seconds, clock
+    review = _Review(
+        attrs,
+        looked_up=namespace_labels,
+        equivalents=equivalents,
+        inputs=inputs,
+        time_limit=time_limit_seconds,
+        clock=clock,
     )
+    return _decide(_plan(hook), review)
 
 
 def decide_all(
-    hooks: Sequence[Webhook],
+    hooks: Iterable[Webhook],
     attrs: AdmissionAttributes,
     namespace_labels: NamespaceLabels | None,
     *,
@@ -120,71 +238,74 @@ def decide_all(
     time_limit_seconds: float = DEFAULT_TIME_LIMIT_SECONDS,
     clock: Clock = time.perf_counter,
 ) -> list[MatchDecision]:
-    """``should_call`` for every backend, in order, sharing per-review work (VAL-01)."""
-    key = shape_key(attrs)
-    if inputs is None:
-        inputs = ConditionInputs()
-    return [
-        _decide(hook, attrs, key, namespace_labels, equivalents, inputs, time_limit_seconds, clock)
-        for hook in hooks
-    ]
+    """``should_call`` for every backend, in order, sharing the per-review work (VAL-01)."""
+    review = _Review(
+        attrs,
+        looked_up=namespace_labels,
+        equivalents=equivalents,
+        inputs=inputs,
+        time_limit=time_limit_seconds,
+        clock=clock,
+    )
+    return [_decide(_plan(hook), review) for hook in hooks]
 
 
-def _decide(  # noqa: PLR0917 - the hot path: positional on purpose
-    hook: Webhook,
-    attrs: AdmissionAttributes,
-    key: str,
-    namespace_labels: NamespaceLabels | None,
-    equivalents: Equivalents | None,
-    inputs: ConditionInputs | None,
-    time_limit_seconds: float,
-    clock: Clock,
-) -> MatchDecision:
-    matcher = rules_matcher(hook.rules)
+def _decide(plan: _Plan, review: _Review) -> MatchDecision:
+    attrs = review.attrs
     via: GroupVersionResource | None = None
-    if not matcher.matches_key(key, attrs):
-        if hook.match_policy != "Equivalent" or equivalents is None:
+    if not plan.rules.matches_key(review.key, attrs):
+        equivalents = review.equivalents
+        if equivalents is None or plan.hook.match_policy != "Equivalent":
             return _SKIP_RULES
         others = equivalents.get(attrs.resource)
-        if not others:
-            return _SKIP_RULES
-        via = matcher.first_equivalent(attrs, others)
+        via = plan.rules.first_equivalent(attrs, others) if others else None
         if via is None:
             return _SKIP_RULES
+    elif plan.simple:
+        return plan.call
 
-    # Rules match: from here on the selectors decide, with upstream's precedence (MAT-02).
-    ns_selector = hook.namespace_selector
-    ns_result: bool | MatchingError = True
-    if ns_selector.requirements or ns_selector.error is not None:
-        ns_result = match_namespace_selector(ns_selector, attrs, namespace_labels)
-        if ns_result is False:
-            return _SKIP_NAMESPACE
-    obj_selector = hook.object_selector
-    if obj_selector.requirements or obj_selector.error is not None:
-        obj_result = match_object_selector(obj_selector, attrs)
-        if obj_result is False:
-            return _SKIP_OBJECT
-        if isinstance(ns_result, MatchingError):
-            return Refuse(hook, ns_result)
-        if isinstance(obj_result, MatchingError):
-            return Refuse(hook, obj_result)
-    elif isinstance(ns_result, MatchingError):
-        return Refuse(hook, ns_result)
+    # The rules match: the selectors decide now, with upstream's precedence (MAT-02). A clean "no"
+    # from either selector skips; otherwise the namespaceSelector's error, then the objectSelector's.
+    # upstream: predicates/namespace/matcher.go MatchNamespaceSelector (exemption, build, empty, lookup)
+    pending: MatchingError | None = None
+    if plan.namespace is not None or plan.namespace_error is not None:
+        labels = review.namespace_labels()
+        if labels is not None:  # None: exempt (MAT-11)
+            if plan.namespace_error is not None:
+                pending = plan.namespace_error
+            elif isinstance(labels, MatchingError):
+                pending = labels
+            elif plan.namespace is not None and not plan.namespace(labels):
+                return _SKIP_NAMESPACE
+    if plan.object_error is not None:
+        pending = pending or plan.object_error
+    elif plan.object is not None:
+        # upstream: predicates/object/matcher.go MatchObjectSelector (object or oldObject)
+        new = attrs.object_labels()
+        if new is None or not plan.object(new):
+            old = attrs.old_object_labels()
+            if old is None or not plan.object(old):
+                return _SKIP_OBJECT
+    if pending is not None:
+        return Refuse(plan.hook, pending)
 
     if via is not None:
         # MAT-10: upstream would convert the object to ``via`` and evaluate conditions on that;
         # the gateway can do neither, so the call fails before conditions are looked at.
-        return CallFailure(hook, equivalent_match_error(attrs.resource, via))
+        return CallFailure(plan.hook, equivalent_match_error(attrs.resource, via))
 
-    if not hook.match_conditions:
-        return Call(hook)
+    if not plan.has_conditions:
+        return plan.call
+    hook = plan.hook
+    if review.inputs is None:
+        review.inputs = ConditionInputs()
     result = evaluate_conditions(
         hook.match_conditions,
         hook.failure_policy,
         attrs,
-        inputs,
-        time_limit_seconds=time_limit_seconds,
-        clock=clock,
+        review.inputs,
+        time_limit_seconds=review.time_limit,
+        clock=review.clock,
     )
     if result.error is not None:
         return Refuse(hook, forbidden(attrs, result.error), result.facts)

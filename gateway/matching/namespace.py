@@ -130,6 +130,19 @@ def match_namespace_selector(
         return internal_error(selector.error)
     if not selector.requirements:
         return True
+    labels = resolve_namespace_labels(attrs, looked_up)
+    if isinstance(labels, MatchingError):
+        return labels
+    return selector.matches(labels)
+
+
+def resolve_namespace_labels(
+    attrs: AdmissionAttributes, looked_up: NamespaceLabels | None
+) -> Mapping[str, str] | MatchingError:
+    """MAT-13..17: the labels a non-empty namespaceSelector tests, or the error consulting them gives.
+
+    Only meaningful for requests that are not exempt (MAT-11); the same for every backend of a review.
+    """
     labels: NamespaceLabels | MatchingError | None = _labels_from_request(attrs)
     if labels is None:
         labels = looked_up
@@ -139,6 +152,4 @@ def match_namespace_selector(
         return not_found(labels.name)
     if isinstance(labels, NamespaceLookupFailed):
         return internal_error(labels.error)
-    if isinstance(labels, MatchingError):
-        return labels
-    return selector.matches(labels)
+    return labels
