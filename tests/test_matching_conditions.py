@@ -108,6 +108,12 @@ def test_refused(expression: str, error: str) -> None:
     assert compiled.program is None
 
 
+def test_named_variables_are_recorded() -> None:
+    """CFG-22: the variables an expression names (not macro-bound names) are recorded for decoding."""
+    compiled = compile_condition("c", "object.a == 1 && request.dryRun && [1].all(oldObject, oldObject > 0)")
+    assert compiled.variables == {"object", "request"}
+
+
 def test_authorizer_compiles_and_is_flagged() -> None:
     """CFG-22/MAT-29: authorizer expressions compile and are marked for MAT-29 at evaluation."""
     compiled = compile_condition("c", 'authorizer.group("").resource("pods").check("get").allowed()')
@@ -414,11 +420,18 @@ def test_time_bound_not_reached() -> None:
 def test_unusable_inputs(policy: FailurePolicy, error: str | None, excluded: bool) -> None:
     """MAT-26: an object that is not JSON makes the evaluation as a whole fail."""
     a = attrs("CREATE", object=msgspec.Raw(b"{not json"))
-    result = run([("a", "false")], policy, a)
+    result = run([("a", "false"), ("b", "object == null")], policy, a)
     assert result.matches is False
     assert (result.error is None) == (error is None)
     assert (result.error or "").startswith(error or "")
     assert (result.facts.excluded, result.facts.evaluation_errors) == (excluded, 0)
+
+
+def test_objects_decoded_only_when_named() -> None:
+    """Objects are decoded for CEL only when an expression names them (request-only conditions run)."""
+    a = attrs("CREATE", object=msgspec.Raw(b"{not json"))
+    result = run([("ns", 'request.namespace == "ns"')], "Fail", a)
+    assert (result.matches, result.error) == (True, None)
 
 
 @pytest.mark.parametrize(

@@ -303,7 +303,7 @@ def test_objects_decoded_only_for_conditions() -> None:
     """Undecodable objects matter only to backends with conditions (objects decoded only for CEL)."""
     a = attrs("CREATE", object=msgspec.Raw(b"{not json"))
     assert summary(should_call(hook(), a, {})) == ("call",)
-    decision = should_call(hook(match_conditions=conditions(("t", "true"))), a, {})
+    decision = should_call(hook(match_conditions=conditions(("t", "object != null"))), a, {})
     assert isinstance(decision, Refuse)
     assert decision.error.message.startswith('pods "name" is forbidden: failed to decode object')
 

@@ -138,6 +138,7 @@ class CompiledCondition:
     program: object | None = field(default=None, compare=False, repr=False)
     error: str | None = None
     uses_authorizer: bool = False
+    variables: frozenset[str] = frozenset()  # the declared variables it names (decode only those)
 
 
 class _CompileError(Exception):
@@ -182,7 +183,11 @@ def compile_condition(name: str, expression: str) -> CompiledCondition:
             name=name, expression=expression, error=f"must evaluate to bool but got {result_type}"
         )
     return CompiledCondition(
-        name=name, expression=expression, program=ast, uses_authorizer=checker.uses_authorizer
+        name=name,
+        expression=expression,
+        program=ast,
+        uses_authorizer="authorizer" in checker.variables,
+        variables=frozenset(checker.variables),
     )
 
 
@@ -233,7 +238,7 @@ class _Checker:
     """Infers result types over celpy's lark tree, as far as can be told without schemas."""
 
     def __init__(self) -> None:
-        self.uses_authorizer = False
+        self.variables: set[str] = set()
 
     def type_of(self, node: Tree | lark.Token, scope: frozenset[str]) -> str:
         if isinstance(node, lark.Token):
@@ -328,8 +333,7 @@ class _Checker:
         if name in scope:
             return _UNKNOWN
         if name in VARIABLES:
-            if name == "authorizer":
-                self.uses_authorizer = True
+            self.variables.add(name)
             return _VARIABLE_TYPES.get(name, _UNKNOWN)
         if name in _TYPE_NAMES:
             return "type"
