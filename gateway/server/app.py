@@ -21,8 +21,8 @@ from gateway.dispatch import status as statuses
 from gateway.dispatch.engine import Dispatcher, Verdict
 from gateway.dispatch.report import DispatchReport
 from gateway.errors import BadReview
-from gateway.matching import invocation as matching
-from gateway.review.codec import InboundReview, decode_inbound, encode_reply, encode_status
+from gateway.matching import is_exempt, matching_error_status, not_ready_error
+from gateway.review import InboundReview, decode_inbound, encode_reply, encode_status
 from gateway.server.timeouts import parse_go_duration
 
 Scope = MutableMapping[str, Any]
@@ -259,7 +259,7 @@ class GatewayApp:
         ):
             return Verdict(allowed=True, report=report)  # MAT-31/32 before readiness (MAT-33)
         if not await self._wait_ready(deadline):
-            st = matching.not_ready_status(attrs)
+            st = matching_error_status(not_ready_error(attrs))
             report.allowed, report.deny_reason, report.denied_by = False, st.message, "not-ready"
             return Verdict(allowed=False, status=st, report=report)
         snapshot = self.snapshot()

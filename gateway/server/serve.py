@@ -173,7 +173,6 @@ async def serve(
                 for problem in problems:
                     log.error("configuration reload refused; keeping the last good one", problem=str(problem))
             else:
-                caller.forget_targets()
                 log.info(
                     "configuration reloaded",
                     generation=snapshot.generation,
