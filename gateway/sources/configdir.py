@@ -69,12 +69,16 @@ def fingerprint(directory: Path) -> Fingerprint:
     Hidden entries are not walked (the loader skips them, and a ConfigMap mount's timestamped
     directories are reached through the visible symlinks), but the ``..data`` link target is
     recorded, so the kubelet's atomic swap is seen even when sizes and times happen to agree.
+    Empty when ``directory`` is missing or not a directory.
     """
     states: list[FileState] = []
     try:
-        states.append(_state(".", directory.stat()))
+        st = directory.stat()
     except OSError:
         return ()
+    if not stat.S_ISDIR(st.st_mode):
+        return ()
+    states.append(_state(".", st))
     try:
         target = os.readlink(directory / _DATA_LINK)
         states.append((f"{_DATA_LINK} -> {target}", 0, 0, 0, 0))
@@ -125,7 +129,7 @@ async def watch_config_dir(
 
     A change is acted on once two consecutive polls agree, so a file still being written is not
     read half-way. A valid directory becomes ``store.snapshot`` with the next generation; an
-    invalid one (``ConfigError``, or the directory unreadable) leaves the store alone. Pass the
+    invalid one (``ConfigError``, or the directory missing or unreadable) leaves the store alone. Pass the
     ``fingerprint()`` taken before the start-up load as ``baseline`` so that no change in between
     is missed.
     """
@@ -141,6 +145,11 @@ async def watch_config_dir(
         if fingerprint(path) != current:
             continue  # still changing: look again next round
         seen = current
+        if not current:
+            # The directory itself is gone (volume unmounted, path replaced by a file): loading
+            # "nothing" would be a valid, empty configuration, and would drop every backend.
+            report("failure", [ConfigProblem(file=str(path), message="not a readable directory")])
+            continue
         generation = store.snapshot.generation + 1
         try:
             # Loading parses YAML and compiles CEL: run it off the event loop so that reviews in
