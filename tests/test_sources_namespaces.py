@@ -677,6 +677,7 @@ async def test_file_namespaces_follow_the_store() -> None:
         pytest.param(0, 0.8, 1.6, id="first retry waits initial x [1, 1+jitter)"),
         pytest.param(3, 6.4, 12.8, id="each failure doubles the wait"),
         pytest.param(10, 30.0, 60.0, id="the wait is bounded by the maximum (times the jitter)"),
+        pytest.param(5000, 30.0, 60.0, id="the wait stays bounded after thousands of failures"),
     ],
 )
 def test_backoff_bounds(failures: int, low: float, high: float) -> None:

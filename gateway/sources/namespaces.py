@@ -153,7 +153,9 @@ class Backoff:
     failures: int = 0
 
     def next_delay(self) -> float:
-        base = min(self.initial * self.factor**self.failures, self.maximum)
+        # The exponent is capped: a float power overflows after ~1000 failures (an API server down
+        # for a day), and the maximum is reached long before 64 doublings anyway.
+        base = min(self.initial * self.factor ** min(self.failures, 64), self.maximum)
         self.failures += 1
         return min(base * (1 + self.jitter * self.rng.random()), self.maximum * (1 + self.jitter))
 
