@@ -160,9 +160,11 @@ async def test_tls_with_client_certificates(
 
     anonymous = ssl.create_default_context()
     ca.configure_trust(anonymous)
-    with pytest.raises((trio.BrokenResourceError, ssl.SSLError)):
+    try:  # TLS 1.3 reports the missing client certificate after the handshake: no answer either way
         client = await connect("127.0.0.1", port, protocol=protocol, ssl_context=anonymous)
-        await client.post("/validate", json.dumps(review()).encode())
+        assert await client.post("/validate", json.dumps(review()).encode()) is None
+    except (trio.BrokenResourceError, ssl.SSLError):
+        pass
 
     identified = ssl.create_default_context()
     ca.configure_trust(identified)
@@ -210,7 +212,10 @@ async def test_caller_going_away_cancels_backend_calls(nursery: trio.Nursery, tm
     client = await gateway_client(running)
     with trio.move_on_after(0.3):
         await client.post("/validate", json.dumps(review()).encode())
+    pool = running.app.dispatcher.caller.pool  # type: ignore[attr-defined]
+    assert sum(pool.open_connections().values()) == 1  # the backend call is in flight
     await client.aclose()
-    with trio.fail_after(2):
-        while server.open_connections:
+    with trio.fail_after(2):  # the cancelled HTTP/1.1 call's connection is closed, not reused
+        while sum(pool.open_connections().values()):
             await trio.sleep(0.02)
+    assert len(server.calls) == 1

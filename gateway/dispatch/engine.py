@@ -17,6 +17,10 @@ from typing import Any, Literal
 import msgspec
 import structlog
 import trio
+
+from gateway.admission import AdmissionAttributes, Status, is_null
+from gateway.config.model import Snapshot, Webhook
+from gateway.dispatch import jsonpatch, status
 from gateway.dispatch.annotations import (
     AuditAnnotations,
     Warnings,
@@ -24,20 +28,28 @@ from gateway.dispatch.annotations import (
     mutation_key,
     mutation_value,
     patch_key,
-    patch_value,
 )
-from gateway.dispatch.reinvocation import ReinvocationState
-from gateway.matching.namespace import NamespaceLookupFailed, NamespaceNotFound, namespace_to_look_up
-from gateway.review import InboundReview
-
-from gateway.admission import AdmissionAttributes, Status, is_null
-from gateway.config.model import Snapshot, Webhook
-from gateway.dispatch import jsonpatch, status
 from gateway.dispatch.invoke import Called, call_backend, deadline_exceeded
 from gateway.dispatch.ports import NamespaceLabelSource, NamespaceNotFoundError, WebhookCaller
+from gateway.dispatch.reinvocation import ReinvocationState
 from gateway.dispatch.report import ConditionRecord, DispatchReport, InvocationRecord
 from gateway.errors import CallingWebhookError, MatchingError
-from gateway.matching import invocation as matching
+from gateway.matching import (
+    Call,
+    CallFailure,
+    ConditionFacts,
+    ConditionInputs,
+    MatchDecision,
+    NamespaceLookupFailed,
+    NamespaceNotFound,
+    Refuse,
+    decide_all,
+    is_exempt,
+    matching_error_status,
+    namespace_to_look_up,
+    should_call,
+)
+from gateway.review import InboundReview
 
 log = structlog.get_logger("gateway.dispatch")
 
@@ -363,13 +375,15 @@ class _Chain:
             for hook in hooks:
                 if round_ == 1 and not self.state.should_reinvoke(hook.identity):
                     continue  # MUT-16/17: only backends in R, and only those invoked in round 0
-                decision = matching.should_call(
-                    hook, self.attrs, self.ns, equivalents=self.d.settings.equivalents
+                decision = should_call(
+                    hook, self.attrs, self.ns, equivalents=self.d.settings.equivalents, inputs=self.inputs
                 )
-                self.report.conditions.extend(decision.conditions)
-                if isinstance(decision, matching.Call):
+                Dispatcher._note_conditions(self.report, hook, decision)
+                if isinstance(decision, Refuse):
+                    raise _Refused(hook, decision.error)
+                if isinstance(decision, Call):
                     await self._invoke(hook, round_, None)
-                elif isinstance(decision, matching.CallFailure):
+                elif isinstance(decision, CallFailure):
                     await self._invoke(hook, round_, decision.error)
 
     async def _invoke(self, hook: Webhook, round_: int, pre_error: CallingWebhookError | None) -> None:

@@ -9,7 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import trio
+
+from gateway.admission import AdmissionAttributes
+from gateway.config.model import Webhook
+from gateway.dispatch.ports import WebhookCaller
 from gateway.dispatch.status import http_error_cause
+from gateway.errors import CallingWebhookError
 from gateway.review import (
     BackendResponse,
     InboundReview,
@@ -19,11 +24,6 @@ from gateway.review import (
     new_request_uid,
     no_known_version_error,
 )
-
-from gateway.admission import AdmissionAttributes
-from gateway.config.model import Webhook
-from gateway.dispatch.ports import WebhookCaller
-from gateway.errors import CallingWebhookError
 
 # A hair of slack over the transport's own cancel scope: if the transport ever overran its
 # deadline (a bug), dispatch still answers in time.

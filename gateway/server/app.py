@@ -254,7 +254,7 @@ class GatewayApp:
     async def _decide_now(self, endpoint: str, inbound: InboundReview, deadline: float) -> Verdict:
         attrs = inbound.attributes
         report = DispatchReport(kind=endpoint, operation=attrs.operation)  # type: ignore[arg-type]
-        if matching.is_exempt(
+        if is_exempt(
             attrs, exclude_virtual_resources=self.dispatcher.settings.exclude_virtual_resources
         ):
             return Verdict(allowed=True, report=report)  # MAT-31/32 before readiness (MAT-33)

@@ -11,7 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway.config.model import Webhook
-from gateway.errors import CallingWebhookError, ClientConfigError, ResponseTooLarge, TransportError, TransportTimeout
+from gateway.errors import (
+    CallingWebhookError,
+    ClientConfigError,
+    ResponseTooLarge,
+    TransportError,
+    TransportTimeout,
+)
 from gateway.tracing import child_traceparent
 from gateway.transport.credentials import CredentialStore
 from gateway.transport.pool import ClientPool
