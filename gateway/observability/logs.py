@@ -51,7 +51,14 @@ class MsgspecJSONRenderer:
         self._encode = msgspec.json.Encoder(enc_hook=_encode_fallback).encode
 
     def __call__(self, logger: WrappedLogger, method_name: str, event_dict: EventDict) -> bytes:
-        return self._encode(event_dict)
+        # Timestamp, level and event first: that is the order people scan a line in.
+        line = {
+            "timestamp": event_dict.pop("timestamp", None),
+            "level": event_dict.pop("level", None),
+            "event": event_dict.pop("event", None),
+        }
+        line.update(event_dict)
+        return self._encode(line)
 
 
 def _timestamp_utc(logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:

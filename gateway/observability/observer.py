@@ -43,6 +43,7 @@ class Observability:
         self.review_log = review_log
         self.log_bodies = log_bodies
         self._log: Any = logger if logger is not None else structlog.get_logger("gateway.review")
+        self._bound: Any = None  # the configured logger, resolved on first use (skips the lazy proxy)
 
     # --- ReviewObserver --------------------------------------------------------------------------
 
@@ -74,7 +75,9 @@ class Observability:
                     allowed=verdict.allowed if verdict is not None else None,
                     report=report,
                 )
-            log = self._log
+            log = self._bound
+            if log is None:
+                log = self._bound = self._log.bind()
             trace_id = ""
             if report is not None and report.invocations:
                 uid = inbound.uid if inbound is not None else ""
