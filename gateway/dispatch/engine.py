@@ -17,10 +17,6 @@ from typing import Any, Literal
 import msgspec
 import structlog
 import trio
-
-from gateway.admission import AdmissionAttributes, Status, is_null
-from gateway.config.model import Snapshot, Webhook
-from gateway.dispatch import jsonpatch, status
 from gateway.dispatch.annotations import (
     AuditAnnotations,
     Warnings,
@@ -29,14 +25,18 @@ from gateway.dispatch.annotations import (
     mutation_value,
     patch_key,
 )
+from gateway.dispatch.reinvocation import ReinvocationState
+from gateway.matching.namespace import NamespaceLookupFailed, NamespaceNotFound, namespace_to_look_up
+from gateway.review.codec import InboundReview
+
+from gateway.admission import AdmissionAttributes, Status, is_null
+from gateway.config.model import Snapshot, Webhook
+from gateway.dispatch import jsonpatch, status
 from gateway.dispatch.invoke import Called, call_backend, deadline_exceeded
 from gateway.dispatch.ports import NamespaceLabelSource, NamespaceNotFoundError, WebhookCaller
-from gateway.dispatch.reinvocation import ReinvocationState
 from gateway.dispatch.report import DispatchReport, InvocationRecord
 from gateway.errors import CallingWebhookError, MatchingError
 from gateway.matching import invocation as matching
-from gateway.matching.namespace import NamespaceLookupFailed, NamespaceNotFound, namespace_to_look_up
-from gateway.review.codec import InboundReview
 
 log = structlog.get_logger("gateway.dispatch")
 
@@ -167,7 +167,9 @@ class Dispatcher:
             assert result is not None  # every task stores its result or the nursery raised
             report.invocations.append(result.record)
             if result.response is not None:
-                report.dropped += annotations.add_backend(result.record.name, result.response.audit_annotations)
+                report.dropped += annotations.add_backend(
+                    result.record.name, result.response.audit_annotations
+                )
                 report.dropped += warnings.add(result.response.warnings)
             if result.failed_open:
                 annotations.add_gateway(failed_open_key("validating", 0, i), result.record.name)
@@ -205,8 +207,13 @@ class Dispatcher:
         """One validating backend → its outcome value (VAL-05/06)."""
         started = self._clock()
         record = InvocationRecord(
-            name=hook.name, configuration=hook.configuration, round=0, index=hook.index,
-            outcome="allowed", code=200, duration_seconds=0.0,
+            name=hook.name,
+            configuration=hook.configuration,
+            round=0,
+            index=hook.index,
+            outcome="allowed",
+            code=200,
+            duration_seconds=0.0,
         )
         result = _ValidatingResult(record=record)
         try:
@@ -219,7 +226,9 @@ class Dispatcher:
                     raise pre_error
                 if trio.current_time() >= deadline:  # VAL-10
                     raise deadline_exceeded(self.caller, hook)
-                called = await call_backend(self.caller, hook, inbound, attrs, deadline=deadline, mutating=False)
+                called = await call_backend(
+                    self.caller, hook, inbound, attrs, deadline=deadline, mutating=False
+                )
             except CallingWebhookError as exc:
                 self._call_error(hook, exc, record)
                 if hook.failure_policy == "Ignore":
@@ -237,7 +246,7 @@ class Dispatcher:
         except trio.Cancelled:
             record.outcome = "cancelled"
             raise
-        except Exception as exc:  # noqa: BLE001 - VAL-06: a bug handling one backend stays with it
+        except Exception as exc:
             log.exception("backend handling failed", webhook=hook.name)
             if hook.failure_policy == "Ignore":
                 record.outcome, record.code, record.reason = "failed_open", 500, repr(exc)
@@ -339,7 +348,9 @@ class _Chain:
             for hook in hooks:
                 if round_ == 1 and not self.state.should_reinvoke(hook.identity):
                     continue  # MUT-16/17: only backends in R, and only those invoked in round 0
-                decision = matching.should_call(hook, self.attrs, self.ns, equivalents=self.d.settings.equivalents)
+                decision = matching.should_call(
+                    hook, self.attrs, self.ns, equivalents=self.d.settings.equivalents
+                )
                 self.report.conditions.extend(decision.conditions)
                 if isinstance(decision, matching.Call):
                     await self._invoke(hook, round_, None)
@@ -383,8 +394,14 @@ class _Chain:
         self, hook: Webhook, round_: int, outcome: Any, code: int, seconds: float, *, reason: str = ""
     ) -> InvocationRecord:
         record = InvocationRecord(
-            name=hook.name, configuration=hook.configuration, round=round_, index=hook.index,
-            outcome=outcome, code=code, duration_seconds=seconds, reason=reason,
+            name=hook.name,
+            configuration=hook.configuration,
+            round=round_,
+            index=hook.index,
+            outcome=outcome,
+            code=code,
+            duration_seconds=seconds,
+            reason=reason,
         )
         self.report.invocations.append(record)
         return record
@@ -396,7 +413,9 @@ class _Chain:
         self.report.dropped += self.warnings.add(resp.warnings)
         if not resp.allowed:  # MUT-13
             st = status.rejection_status(hook.name, resp.status)
-            rec = self._record(hook, round_, "rejected", _cap(st.code), self.d._clock() - started, reason=st.message)
+            rec = self._record(
+                hook, round_, "rejected", _cap(st.code), self.d._clock() - started, reason=st.message
+            )
             rec.version, rec.backend_uid = called.version, called.backend_uid
             self.annotations.add_gateway(
                 mutation_key(round_, hook.index), mutation_value(hook.configuration, hook.name, mutated=False)
@@ -412,7 +431,9 @@ class _Chain:
                 ops = jsonpatch.decode_patch(resp.patch)
             except jsonpatch.PatchDecodeError as exc:  # MUT-04
                 raise CallingWebhookError(
-                    f"received undecodable patch in webhook response: {exc}", status_code=503, kind="bad_response"
+                    f"received undecodable patch in webhook response: {exc}",
+                    status_code=503,
+                    kind="bad_response",
                 ) from None
             if ops:
                 changed = self._apply(hook, round_, ops, resp.patch, started)
@@ -423,7 +444,9 @@ class _Chain:
         )
         return changed
 
-    def _apply(self, hook: Webhook, round_: int, ops: list[dict[str, Any]], raw: bytes, started: float) -> bool:
+    def _apply(
+        self, hook: Webhook, round_: int, ops: list[dict[str, Any]], raw: bytes, started: float
+    ) -> bool:
         """MUT-06..12: apply all-or-nothing to the current object; internal errors deny with 500."""
 
         def fail(st: Status) -> _Deny:
@@ -448,15 +471,25 @@ class _Chain:
         if (after.get("apiVersion"), after.get("kind")) != (before.get("apiVersion"), before.get("kind")):
             raise fail(  # MUT-10
                 status.changed_kind_status(
-                    hook.name, before.get("apiVersion"), before.get("kind"), after.get("apiVersion"), after.get("kind")
+                    hook.name,
+                    before.get("apiVersion"),
+                    before.get("kind"),
+                    after.get("apiVersion"),
+                    after.get("kind"),
                 )
             )
         self.patches.append(raw)
         if self.d.settings.audit_patches:
             self.annotations.add_gateway(
                 patch_key(round_, hook.index),
-                _encode({"configuration": hook.configuration, "webhook": hook.name, "patch": ops,
-                         "patchType": "JSONPatch"}).decode(),
+                _encode(
+                    {
+                        "configuration": hook.configuration,
+                        "webhook": hook.name,
+                        "patch": ops,
+                        "patchType": "JSONPatch",
+                    }
+                ).decode(),
             )
         changed = not jsonpatch.json_equal(before, after)
         if changed:

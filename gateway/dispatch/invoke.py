@@ -10,12 +10,7 @@ import uuid
 from dataclasses import dataclass
 
 import trio
-
-from gateway.admission import AdmissionAttributes
-from gateway.config.model import Webhook
-from gateway.dispatch.ports import WebhookCaller
 from gateway.dispatch.status import http_error_cause
-from gateway.errors import CallingWebhookError
 from gateway.review.codec import (
     NO_KNOWN_VERSION_REASON,
     BackendResponse,
@@ -24,6 +19,11 @@ from gateway.review.codec import (
     encode_backend_request,
     negotiate_version,
 )
+
+from gateway.admission import AdmissionAttributes
+from gateway.config.model import Webhook
+from gateway.dispatch.ports import WebhookCaller
+from gateway.errors import CallingWebhookError
 
 # A hair of slack over the transport's own cancel scope: if the transport ever overran its
 # deadline (a bug), dispatch still answers in time.

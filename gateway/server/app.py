@@ -129,7 +129,13 @@ class GatewayApp:
         endpoint = self._endpoints.get(path)
         if endpoint is not None:
             if method != "POST":
-                await _respond(send, 405, encode_status(405, "MethodNotAllowed", f"{method} is not allowed on {path}: use POST"), _JSON, extra=[(b"allow", b"POST")])
+                await _respond(
+                    send,
+                    405,
+                    encode_status(405, "MethodNotAllowed", f"{method} is not allowed on {path}: use POST"),
+                    _JSON,
+                    extra=[(b"allow", b"POST")],
+                )
                 return
             await self._review(endpoint, scope, receive, send)
             return
@@ -248,7 +254,9 @@ class GatewayApp:
     async def _decide_now(self, endpoint: str, inbound: InboundReview, deadline: float) -> Verdict:
         attrs = inbound.attributes
         report = DispatchReport(kind=endpoint, operation=attrs.operation)  # type: ignore[arg-type]
-        if matching.is_exempt(attrs, exclude_virtual_resources=self.dispatcher.settings.exclude_virtual_resources):
+        if matching.is_exempt(
+            attrs, exclude_virtual_resources=self.dispatcher.settings.exclude_virtual_resources
+        ):
             return Verdict(allowed=True, report=report)  # MAT-31/32 before readiness (MAT-33)
         if not await self._wait_ready(deadline):
             st = matching.not_ready_status(attrs)
@@ -260,7 +268,7 @@ class GatewayApp:
             if endpoint == "validating":
                 return await self.dispatcher.validate(inbound, snapshot, deadline=deadline)
             return await self.dispatcher.mutate(inbound, snapshot, deadline=deadline)
-        except Exception as exc:  # noqa: BLE001 - ERR-08: a gateway bug is a deny, never a crash
+        except Exception as exc:
             log.exception("dispatch failed", uid=inbound.uid, endpoint=endpoint)
             st = statuses.internal_error_status(f"{endpoint} dispatch", str(exc) or type(exc).__name__)
             report.allowed, report.deny_reason, report.denied_by = False, st.message, "gateway"
@@ -290,7 +298,12 @@ def _header(scope: Scope, name: bytes) -> str:
 
 
 async def _respond(
-    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]], *, extra: list[tuple[bytes, bytes]] | None = None
+    send: Send,
+    status: int,
+    body: bytes,
+    headers: list[tuple[bytes, bytes]],
+    *,
+    extra: list[tuple[bytes, bytes]] | None = None,
 ) -> None:
     hdrs = [*headers, (b"content-length", str(len(body)).encode())]
     if extra:
