@@ -7,6 +7,10 @@ Consumes what the server and dispatch recorded; nothing below this layer imports
 - ``logs.configure_logging``: the structlog pipeline (JSON or console), called once by ``__main__``.
 - ``canonical``: the one-line-per-review event.
 - ``observer.Observability``: the server's ``ReviewObserver``, combining the two.
-
-Import the submodules directly; this package imports nothing so that ``logs`` stays cheap to load.
 """
+
+from gateway.observability.logs import configure_logging
+from gateway.observability.metrics import Metrics
+from gateway.observability.observer import Observability
+
+__all__ = ["Metrics", "Observability", "configure_logging"]

@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Final, Generic, Literal, TypeVar
+from typing import Any, Final, Generic, Literal, TypeVar
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
@@ -349,7 +349,7 @@ class Metrics:
         self.config_last_reload_ok = _gauge(
             "config_last_reload_successful", "1 if the last configuration load attempt succeeded, else 0."
         )
-        self.connection_source: Callable[[], Mapping[str, int]] | None = None
+        self.connection_source: Callable[[], Mapping[Any, int]] | None = None
 
         self.families: tuple[Family[CounterChild] | Family[GaugeChild] | Family[HistogramChild], ...] = (
             self.webhook_duration, self.webhook_requests, self.webhook_rejections, self.webhook_fail_open,
@@ -499,8 +499,12 @@ class Metrics:
         for kind, count in backends.items():
             self.backends.labels(kind).value = count
 
-    def set_connection_source(self, source: Callable[[], Mapping[str, int]] | None) -> None:
-        """At every scrape, ``source()`` gives the open connections per backend origin."""
+    def set_connection_source(self, source: Callable[[], Mapping[Any, int]] | None) -> None:
+        """At every scrape, ``source()`` gives the open connections per backend origin.
+
+        Keys are origins (``transport.resolve.Origin`` or str); their ``str`` (``scheme://host:port``)
+        is the label, so origins that differ only in TLS settings or credentials are summed.
+        """
         self.connection_source = source
 
     # --- exposition ------------------------------------------------------------------------------
@@ -526,12 +530,15 @@ class Metrics:
         )
         source = self.connection_source
         if source is not None:
+            counts: dict[str, float] = {}
             try:
-                counts = dict(source())
+                for key, open_count in source().items():
+                    label = str(key)
+                    counts[label] = counts.get(label, 0.0) + open_count
             except Exception:  # noqa: BLE001 - a broken pool probe must not break the whole scrape
                 counts = {}
-            for origin, count in sorted(counts.items()):
-                metric.samples.append(Sample(metric.name, {"origin": origin}, float(count)))
+            for label, total in sorted(counts.items()):
+                metric.samples.append(Sample(metric.name, {"origin": label}, total))
         return metric
 
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
+from gateway.config.model import Snapshot
 from gateway.observability.canonical import (
     InboundLike,
     VerdictLike,
@@ -33,13 +34,16 @@ class Observability:
 
     def __init__(
         self,
-        metrics: Metrics | None = None,
+        metrics: Metrics | bool | None = True,
         *,
         review_log: bool = True,
         log_bodies: bool = False,
         logger: Any = None,
     ) -> None:
-        self.prometheus = metrics
+        """``metrics``: a ``Metrics`` to record into, True for a new one, False/None for none."""
+        if metrics is True:
+            metrics = Metrics()
+        self.prometheus: Metrics | None = metrics or None
         self.review_log = review_log
         self.log_bodies = log_bodies
         self._log: Any = logger if logger is not None else structlog.get_logger("gateway.review")
@@ -124,20 +128,25 @@ class Observability:
     def config_reloaded(
         self,
         ok: bool,
-        generation: int,
-        backends: Mapping[str, int],
+        snapshot: Snapshot | None,
         problems: Sequence[object] = (),
     ) -> None:
         """Record a configuration load attempt (MET-09) and log it with its problems (CFG-23/25).
 
-        ``problems`` are ``errors.ConfigProblem`` values (or anything whose ``str`` is the message);
-        on success they are warnings, on failure they include the errors that refused the set.
+        ``snapshot`` is the configuration in force afterwards (the new one on success, the last good
+        one on failure). ``problems`` are ``errors.ConfigProblem`` values (anything whose ``str`` is
+        the message): warnings on success; on failure, the errors that refused the new set.
         """
+        generation = snapshot.generation if snapshot is not None else 0
+        backends = {
+            "validating": len(snapshot.validating) if snapshot is not None else 0,
+            "mutating": len(snapshot.mutating) if snapshot is not None else 0,
+        }
         if self.prometheus is not None:
             self.prometheus.config_reloaded(ok, generation, backends)
         log = self._log
         if ok:
-            log.info("configuration loaded", generation=generation, backends=dict(backends))
+            log.info("configuration loaded", generation=generation, **backends)
             for problem in problems:
                 log.warning("configuration warning", generation=generation, problem=str(problem))
             return
@@ -147,10 +156,21 @@ class Observability:
             problems=[str(p) for p in problems],
         )
 
-    def set_connection_source(self, source: Callable[[], Mapping[str, int]] | None) -> None:
-        """Wire the connection pool's per-origin open-connection counts into the metrics."""
+    def watch_pool(self, pool: ConnectionCounts) -> None:
+        """Export the pool's open connections per origin (``pool.open_connections()`` at each scrape)."""
+        if self.prometheus is not None:
+            self.prometheus.set_connection_source(pool.open_connections)
+
+    def set_connection_source(self, source: Callable[[], Mapping[Any, int]] | None) -> None:
+        """Export ``source()`` (origin -> open connections) at each scrape."""
         if self.prometheus is not None:
             self.prometheus.set_connection_source(source)
+
+
+class ConnectionCounts(Protocol):
+    """What ``watch_pool`` needs from ``transport.pool.ClientPool``."""
+
+    def open_connections(self) -> Mapping[Any, int]: ...
 
 
 def _level_of(code: int, *, answered: bool) -> int:
