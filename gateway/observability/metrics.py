@@ -182,7 +182,10 @@ class Family(Generic[C]):
 
     def to_metric(self) -> Metric:
         """The family as prometheus_client's exposition model (upstream names, no ``_created``)."""
-        metric = Metric(self.name, self.documentation, self.kind)
+        family_name = self.name
+        if self.kind == "counter" and family_name.endswith("_total"):
+            family_name = family_name[:-6]  # the text writer adds "_total" back to HELP/TYPE
+        metric = Metric(family_name, self.documentation, self.kind)
         names = self.labelnames
         samples = metric.samples
         for values, child in self.children.items():
@@ -375,9 +378,6 @@ class Metrics:
             tuple[str, str, str, int, bool], tuple[HistogramChild, CounterChild, HistogramChild]
         ] = {}
         self._review_children: dict[tuple[str, int, str], tuple[CounterChild, HistogramChild]] = {}
-        self._condition_children: dict[
-            tuple[str, str, str], tuple[CounterChild, CounterChild, HistogramChild]
-        ] = {}
 
     # --- per review ------------------------------------------------------------------------------
 
@@ -468,22 +468,17 @@ class Metrics:
 
     def _observe_conditions(self, report: DispatchReport, endpoint: Endpoint, op: str) -> None:
         """MET-07 / MAT-30: the matcher decided what counts; this only applies the label quirks."""
+        exclusion_type = _EXCLUSION_TYPE.get(endpoint, endpoint)
+        evaluation_type = _EVALUATION_TYPE.get(endpoint, endpoint)
         for condition in report.conditions:
-            key = (condition.name, endpoint, op)
-            children = self._condition_children.get(key)
-            if children is None:
-                exclusion_type = _EXCLUSION_TYPE.get(endpoint, endpoint)
-                evaluation_type = _EVALUATION_TYPE.get(endpoint, endpoint)
-                children = self._condition_children[key] = (
-                    self.condition_exclusions.labels(condition.name, "webhook", exclusion_type, op),
-                    self.condition_errors.labels(condition.name, "webhook", evaluation_type, op),
-                    self.condition_seconds.labels(condition.name, "webhook", evaluation_type, op),
-                )
+            name = condition.name
             if condition.excluded:
-                children[0].value += 1
-            if condition.evaluation_errors:
-                children[1].value += condition.evaluation_errors
-            children[2].observe(condition.seconds)  # [GW] every evaluation, not only non-matches
+                self.condition_exclusions.labels(name, "webhook", exclusion_type, op).value += 1
+            errors = condition.evaluation_errors
+            if errors:
+                self.condition_errors.labels(name, "webhook", evaluation_type, op).value += errors
+            # [GW] every evaluation is observed, not only those that did not plainly match.
+            self.condition_seconds.labels(name, "webhook", evaluation_type, op).observe(condition.seconds)
 
     # --- configuration and pool ------------------------------------------------------------------
 
