@@ -17,6 +17,10 @@ from typing import Any, Literal
 import msgspec
 import structlog
 import trio
+
+from gateway.admission import AdmissionAttributes, Status, is_null
+from gateway.config.model import Snapshot, Webhook
+from gateway.dispatch import jsonpatch, status
 from gateway.dispatch.annotations import (
     AuditAnnotations,
     Warnings,
@@ -25,18 +29,27 @@ from gateway.dispatch.annotations import (
     mutation_value,
     patch_key,
 )
-from gateway.dispatch.reinvocation import ReinvocationState
-from gateway.matching.namespace import NamespaceLookupFailed, NamespaceNotFound, namespace_to_look_up
-from gateway.review.codec import InboundReview
-
-from gateway.admission import AdmissionAttributes, Status, is_null
-from gateway.config.model import Snapshot, Webhook
-from gateway.dispatch import jsonpatch, status
 from gateway.dispatch.invoke import Called, call_backend, deadline_exceeded
 from gateway.dispatch.ports import NamespaceLabelSource, NamespaceNotFoundError, WebhookCaller
-from gateway.dispatch.report import DispatchReport, InvocationRecord
+from gateway.dispatch.reinvocation import ReinvocationState
+from gateway.dispatch.report import ConditionRecord, DispatchReport, InvocationRecord
 from gateway.errors import CallingWebhookError, MatchingError
-from gateway.matching import invocation as matching
+from gateway.matching import (
+    Call,
+    CallFailure,
+    ConditionFacts,
+    ConditionInputs,
+    MatchDecision,
+    NamespaceLookupFailed,
+    NamespaceNotFound,
+    Refuse,
+    decide_all,
+    is_exempt,
+    matching_error_status,
+    namespace_to_look_up,
+    should_call,
+)
+from gateway.review import InboundReview
 
 log = structlog.get_logger("gateway.dispatch")
 
@@ -74,6 +87,12 @@ def _cap(code: int) -> int:
     return 600 if code > 600 else code
 
 
+class _Refused(Exception):  # noqa: N818 - control flow inside the mutating chain, never escapes
+    def __init__(self, hook: Webhook, error: MatchingError) -> None:
+        self.hook = hook
+        self.error = error
+
+
 class _Deny(Exception):  # noqa: N818 - control flow inside the mutating chain, never escapes
     def __init__(self, status: Status, by: str) -> None:
         self.status = status
@@ -100,9 +119,7 @@ class Dispatcher:
 
     async def _namespace_labels(self, hooks: tuple[Webhook, ...], attrs: AdmissionAttributes) -> Any:
         """Look the namespace up once per review, only if some backend's selector needs it (MAT-12)."""
-        if not any(not h.namespace_selector.is_empty for h in hooks):
-            return None
-        name = namespace_to_look_up(attrs)
+        name = namespace_to_look_up(attrs, hooks)
         if name is None:
             return None
         try:
@@ -112,15 +129,24 @@ class Dispatcher:
         except Exception as exc:  # noqa: BLE001 - any lookup failure is MAT-17's 500, decided later
             return NamespaceLookupFailed(str(exc))
 
-    def _matching_error_verdict(self, report: DispatchReport, exc: MatchingError) -> Verdict:
+    def _matching_error_verdict(self, report: DispatchReport, hook: Webhook, exc: MatchingError) -> Verdict:
         report.allowed = False
+        report.denied_by = hook.name
         report.deny_reason = exc.message
-        st = Status(status="Failure", code=exc.code, reason=exc.status_reason, message=exc.message)
-        if exc.details:
-            from gateway.admission import StatusDetails
+        return Verdict(allowed=False, status=matching_error_status(exc), report=report)
 
-            st.details = StatusDetails(**exc.details)
-        return Verdict(allowed=False, status=st, report=report)
+    @staticmethod
+    def _note_conditions(report: DispatchReport, hook: Webhook, decision: MatchDecision) -> None:
+        facts: ConditionFacts | None = getattr(decision, "conditions", None)
+        if facts is not None:
+            report.conditions.append(
+                ConditionRecord(
+                    name=hook.name,
+                    excluded=facts.excluded,
+                    evaluation_errors=facts.evaluation_errors,
+                    seconds=facts.evaluation_seconds,
+                )
+            )
 
     # --- validating ------------------------------------------------------------------------------
 
@@ -128,7 +154,7 @@ class Dispatcher:
         """VAL-01..10: match all, call the matching ones concurrently, combine in config order."""
         attrs = inbound.attributes
         report = DispatchReport(kind="validating", operation=attrs.operation)
-        if matching.is_exempt(attrs, exclude_virtual_resources=self.settings.exclude_virtual_resources):
+        if is_exempt(attrs, exclude_virtual_resources=self.settings.exclude_virtual_resources):
             return Verdict(allowed=True, report=report)
         hooks = snapshot.validating
         if not hooks:
@@ -136,16 +162,17 @@ class Dispatcher:
         ns = await self._namespace_labels(hooks, attrs)
 
         selected: list[tuple[Webhook, CallingWebhookError | None]] = []
-        try:
-            for hook in hooks:
-                decision = matching.should_call(hook, attrs, ns, equivalents=self.settings.equivalents)
-                report.conditions.extend(decision.conditions)
-                if isinstance(decision, matching.Call):
-                    selected.append((hook, None))
-                elif isinstance(decision, matching.CallFailure):
-                    selected.append((hook, decision.error))
-        except MatchingError as exc:  # VAL-01: answered before any call
-            return self._matching_error_verdict(report, exc)
+        decisions = decide_all(
+            hooks, attrs, ns, equivalents=self.settings.equivalents, inputs=ConditionInputs()
+        )
+        for hook, decision in zip(hooks, decisions, strict=True):
+            self._note_conditions(report, hook, decision)
+            if isinstance(decision, Refuse):  # VAL-01: the first matching error answers, nobody is called
+                return self._matching_error_verdict(report, hook, decision.error)
+            if isinstance(decision, Call):
+                selected.append((hook, None))
+            elif isinstance(decision, CallFailure):
+                selected.append((hook, decision.error))
         report.matched = len(selected)
         if not selected:
             return Verdict(allowed=True, report=report)  # VAL-02
@@ -274,7 +301,7 @@ class Dispatcher:
         """MUT-01..25: the serial chain with reinvocation; one combined patch in the reply."""
         attrs = inbound.attributes
         report = DispatchReport(kind="mutating", operation=attrs.operation)
-        if matching.is_exempt(attrs, exclude_virtual_resources=self.settings.exclude_virtual_resources):
+        if is_exempt(attrs, exclude_virtual_resources=self.settings.exclude_virtual_resources):
             return Verdict(allowed=True, report=report)
         hooks = snapshot.mutating
         if not hooks:
@@ -283,8 +310,8 @@ class Dispatcher:
         chain.ns = await self._namespace_labels(hooks, attrs)
         try:
             await chain.run(hooks)
-        except MatchingError as exc:  # MUT-02: earlier patches are discarded
-            verdict = self._matching_error_verdict(report, exc)
+        except _Refused as refused:  # MUT-02: earlier patches are discarded
+            verdict = self._matching_error_verdict(report, refused.hook, refused.error)
             verdict.warnings = chain.warnings.as_list()
             verdict.audit_annotations = chain.annotations.as_dict()
             return verdict
@@ -339,7 +366,7 @@ class _Chain:
         self.state = ReinvocationState()
         self.annotations = AuditAnnotations()
         self.warnings = Warnings(max_bytes=dispatcher.settings.max_warning_bytes)
-        self.invoked_round0: set[str] = set()
+        self.inputs = ConditionInputs()  # CEL variables, decoded once per object version
 
     async def run(self, hooks: tuple[Webhook, ...]) -> None:
         for round_ in (0, 1):
@@ -348,21 +375,23 @@ class _Chain:
             for hook in hooks:
                 if round_ == 1 and not self.state.should_reinvoke(hook.identity):
                     continue  # MUT-16/17: only backends in R, and only those invoked in round 0
-                decision = matching.should_call(
-                    hook, self.attrs, self.ns, equivalents=self.d.settings.equivalents
+                decision = should_call(
+                    hook, self.attrs, self.ns, equivalents=self.d.settings.equivalents, inputs=self.inputs
                 )
-                self.report.conditions.extend(decision.conditions)
-                if isinstance(decision, matching.Call):
+                Dispatcher._note_conditions(self.report, hook, decision)
+                if isinstance(decision, Refuse):
+                    raise _Refused(hook, decision.error)
+                if isinstance(decision, Call):
                     await self._invoke(hook, round_, None)
-                elif isinstance(decision, matching.CallFailure):
+                elif isinstance(decision, CallFailure):
                     await self._invoke(hook, round_, decision.error)
-            if round_ == 0 and self.state.should_run_round_1:
-                self.report.reinvoked = [h.name for h in hooks if self.state.should_reinvoke(h.identity)]
 
     async def _invoke(self, hook: Webhook, round_: int, pre_error: CallingWebhookError | None) -> None:
         """MUT-01: dry-run check, call, process the reply (REV-11), update reinvocation bookkeeping."""
         self.report.matched += 1
         attrs = self.attrs
+        if round_ == 1:
+            self.report.reinvoked.append(hook.name)
         if attrs.dry_run and hook.side_effects in ("Unknown", "Some"):  # FPT-09: stop the chain
             st = status.dry_run_status(hook.name)
             self._record(hook, round_, "internal_error", 0, 0.0, reason=st.message)

@@ -6,24 +6,24 @@ verified reply *means* (allow, reject, patch) is decided by the validating/mutat
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 
 import trio
+
+from gateway.admission import AdmissionAttributes
+from gateway.config.model import Webhook
+from gateway.dispatch.ports import WebhookCaller
 from gateway.dispatch.status import http_error_cause
-from gateway.review.codec import (
-    NO_KNOWN_VERSION_REASON,
+from gateway.errors import CallingWebhookError
+from gateway.review import (
     BackendResponse,
     InboundReview,
     decode_backend_response,
     encode_backend_request,
     negotiate_version,
+    new_request_uid,
+    no_known_version_error,
 )
-
-from gateway.admission import AdmissionAttributes
-from gateway.config.model import Webhook
-from gateway.dispatch.ports import WebhookCaller
-from gateway.errors import CallingWebhookError
 
 # A hair of slack over the transport's own cancel scope: if the transport ever overran its
 # deadline (a bug), dispatch still answers in time.
@@ -58,12 +58,12 @@ async def call_backend(
 ) -> Called:
     """One invocation of ``hook`` on the current object; raises CallingWebhookError on any call error."""
     version = negotiate_version(hook)
-    if version is None:
-        raise CallingWebhookError(NO_KNOWN_VERSION_REASON, status_code=400, kind="version")
+    if version is None:  # REV-05
+        raise no_known_version_error()
     remaining = min(float(hook.timeout_seconds), deadline - trio.current_time())
     if remaining <= 0:
         raise deadline_exceeded(caller, hook)
-    backend_uid = str(uuid.uuid4())
+    backend_uid = new_request_uid()
     body = encode_backend_request(inbound, version=version, uid=backend_uid, object=attrs.object)
     with trio.move_on_after(remaining + _GUARD_SECONDS) as guard:
         reply = await caller.call(hook, body, timeout_seconds=remaining)
@@ -72,5 +72,12 @@ async def call_backend(
     if not 200 <= reply.status <= 206:  # REV-09: anything else is a call error, body never decoded
         cause, code = http_error_cause(reply.status, reply.content_type, reply.body)
         raise CallingWebhookError(f"failed to call webhook: {cause}", status_code=code, kind="status")
-    response = decode_backend_response(reply.body, version=version, sent_uid=backend_uid, mutating=mutating)
+    response = decode_backend_response(
+        reply.body,
+        version=version,
+        sent_uid=backend_uid,
+        mutating=mutating,
+        status_code=reply.status,
+        content_type=reply.content_type,
+    )
     return Called(response=response, version=version, backend_uid=backend_uid)

@@ -21,8 +21,8 @@ from gateway.dispatch import status as statuses
 from gateway.dispatch.engine import Dispatcher, Verdict
 from gateway.dispatch.report import DispatchReport
 from gateway.errors import BadReview
-from gateway.matching import invocation as matching
-from gateway.review.codec import InboundReview, decode_inbound, encode_reply, encode_status
+from gateway.matching import is_exempt, matching_error_status, not_ready_error
+from gateway.review import InboundReview, decode_inbound, encode_reply, encode_status
 from gateway.server.timeouts import parse_go_duration
 
 Scope = MutableMapping[str, Any]
@@ -254,12 +254,12 @@ class GatewayApp:
     async def _decide_now(self, endpoint: str, inbound: InboundReview, deadline: float) -> Verdict:
         attrs = inbound.attributes
         report = DispatchReport(kind=endpoint, operation=attrs.operation)  # type: ignore[arg-type]
-        if matching.is_exempt(
+        if is_exempt(
             attrs, exclude_virtual_resources=self.dispatcher.settings.exclude_virtual_resources
         ):
             return Verdict(allowed=True, report=report)  # MAT-31/32 before readiness (MAT-33)
         if not await self._wait_ready(deadline):
-            st = matching.not_ready_status(attrs)
+            st = matching_error_status(not_ready_error(attrs))
             report.allowed, report.deny_reason, report.denied_by = False, st.message, "not-ready"
             return Verdict(allowed=False, status=st, report=report)
         snapshot = self.snapshot()

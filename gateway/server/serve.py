@@ -11,8 +11,10 @@ from __future__ import annotations
 import signal
 import ssl
 from argparse import Namespace
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -23,6 +25,7 @@ from hypercorn.trio import serve as hypercorn_serve
 from gateway.config.load import load_directory
 from gateway.config.model import Snapshot
 from gateway.dispatch.engine import Dispatcher, DispatchSettings
+from gateway.dispatch.ports import NamespaceNotFoundError
 from gateway.errors import ConfigError
 from gateway.server import hypercorn_fixes
 from gateway.server.app import GatewayApp, Readiness, ReviewObserver, ServerSettings
@@ -103,10 +106,9 @@ async def serve(
     task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the gateway until SIGTERM/SIGINT (or ``Running.shutdown()``), then drain and return."""
-    from gateway.sources.configdir import ConfigStore, watch_config_dir, watch_files
-    from gateway.sources.namespaces import make_namespace_source
+    from gateway.sources.configdir import ConfigStore, fingerprint, watch_config_dir, watch_files
     from gateway.transport.caller import BackendCaller
-    from gateway.transport.credentials import load_credentials
+    from gateway.transport.credentials import CredentialStore
     from gateway.transport.pool import ClientPool
 
     hypercorn_fixes.install()
@@ -115,6 +117,7 @@ async def serve(
     def load(generation: int) -> Snapshot:
         return load_directory(options.config, strict_https=strict, generation=generation)
 
+    baseline = fingerprint(Path(options.config))  # taken first, so no change before the watch is missed
     try:
         first = load(1)
     except ConfigError as exc:
@@ -127,7 +130,7 @@ async def serve(
     if observer is not None and hasattr(observer, "config_reloaded"):
         observer.config_reloaded(ok=True, snapshot=first, problems=list(first.warnings))
 
-    credentials = load_credentials(options.backend_kubeconfig) if options.backend_kubeconfig else None
+    credentials = CredentialStore.load(options.backend_kubeconfig) if options.backend_kubeconfig else None
     tls = ReloadableTLS(options.certfile, options.keyfile, options.client_ca) if options.certfile else None
     readiness = Readiness()
     shutdown_requested = trio.Event()
@@ -140,9 +143,11 @@ async def serve(
         trio.open_nursery() as nursery,
     ):
         caller = BackendCaller(pool, credentials)
-        namespaces = await nursery.start(make_namespace_source, options, store)
-        readiness.add_check(lambda: store.current is not None)
-        readiness.add_check(namespaces.is_synced)
+        source = await _namespace_source(nursery, options, store)
+        namespaces = _NamespaceLabels(source)
+        # MAT-33: ready once a configuration is loaded and, if any backend needs namespace labels,
+        # the namespace source has synced.
+        readiness.add_check(lambda: source.ready or not _needs_namespaces(store.snapshot))
         dispatcher = Dispatcher(
             caller,
             namespaces,
@@ -153,7 +158,7 @@ async def serve(
             ),
         )
         app = GatewayApp(
-            snapshot=lambda: store.current,
+            snapshot=lambda: store.snapshot,
             dispatcher=dispatcher,
             readiness=readiness,
             observer=observer,
@@ -168,12 +173,14 @@ async def serve(
         if observer is not None and hasattr(observer, "watch_pool"):
             observer.watch_pool(pool)
 
-        def on_reload(snapshot: Snapshot | None, problems: list[Any]) -> None:
-            if snapshot is None:
+        def on_reload(result: str, problems: Sequence[Any]) -> None:
+            snapshot = store.snapshot
+            if result == "failure":
                 for problem in problems:
                     log.error("configuration reload refused; keeping the last good one", problem=str(problem))
             else:
-                caller.forget_targets()
+                for problem in problems:
+                    log.warning("configuration warning", problem=str(problem))
                 log.info(
                     "configuration reloaded",
                     generation=snapshot.generation,
@@ -181,21 +188,27 @@ async def serve(
                     mutating=len(snapshot.mutating),
                 )
             if observer is not None and hasattr(observer, "config_reloaded"):
-                observer.config_reloaded(
-                    ok=snapshot is not None, snapshot=snapshot or store.current, problems=problems
-                )
+                observer.config_reloaded(ok=result == "success", snapshot=snapshot, problems=list(problems))
 
-        nursery.start_soon(
-            watch_config_dir,
-            options.config,
-            store,
-            lambda _path, generation: load(generation),
-            options.config_poll_seconds,
-            on_reload,
+        await nursery.start(
+            partial(
+                watch_config_dir,
+                Path(options.config),
+                store,
+                lambda _path, generation: load(generation),
+                interval=options.config_poll_seconds,
+                on_reload=on_reload,
+                baseline=baseline,
+            )
         )
         if tls is not None:
-            nursery.start_soon(
-                watch_files, [tls.certfile, tls.keyfile], _reload_tls(tls), options.config_poll_seconds
+            await nursery.start(
+                partial(
+                    watch_files,
+                    [Path(tls.certfile), Path(tls.keyfile)],
+                    _reload_tls(tls),
+                    interval=options.config_poll_seconds,
+                )
             )
 
         stop_serving = trio.Event()
@@ -244,8 +257,8 @@ async def _wait_servers_done(nursery: trio.Nursery) -> None:
         await trio.sleep(0.05)
 
 
-def _reload_tls(tls: ReloadableTLS) -> Callable[[], None]:
-    def reload() -> None:
+def _reload_tls(tls: ReloadableTLS) -> Callable[[Sequence[Path]], None]:
+    def reload(_changed: Sequence[Path]) -> None:
         try:
             tls.reload()
             log.info("serving certificate reloaded", certfile=tls.certfile)
@@ -260,6 +273,40 @@ async def _wait_for_signal(event: trio.Event) -> None:
         async for _ in signals:
             event.set()
             return
+
+
+def _needs_namespaces(snapshot: Snapshot) -> bool:
+    return any(not h.namespace_selector.is_empty for h in (*snapshot.validating, *snapshot.mutating))
+
+
+async def _namespace_source(nursery: trio.Nursery, options: Namespace, store: Any) -> Any:
+    """GW-01: Namespace objects from the config directory, or a list+watch of the cluster's."""
+    from gateway.sources.namespaces import ClusterNamespaces, FileNamespaces
+
+    if options.namespace_source != "cluster":
+        return FileNamespaces(store, unknown_namespace=options.unknown_namespace)
+    from gateway.sources.kube import KubeClient, in_cluster_config, load_kubeconfig
+
+    config = load_kubeconfig(Path(options.kubeconfig)) if options.kubeconfig else in_cluster_config()
+    source = ClusterNamespaces(KubeClient(config))
+    nursery.start_soon(source.run)  # readiness waits for its first list (MAT-33)
+    return source
+
+
+class _NamespaceLabels:
+    """Adapts a namespace label source to dispatch's port (NOT_FOUND → NamespaceNotFoundError)."""
+
+    def __init__(self, source: Any) -> None:
+        from gateway.sources.namespaces import NOT_FOUND
+
+        self._source = source
+        self._not_found = NOT_FOUND
+
+    async def labels(self, name: str) -> Mapping[str, str]:
+        found = await self._source.labels(name)
+        if found is self._not_found:
+            raise NamespaceNotFoundError(name)
+        return found  # type: ignore[no-any-return]
 
 
 class _MetricsOnly:

@@ -148,3 +148,171 @@ async def gateway_client(
     running: Running, *, protocol: str = "http1", ssl_context: ssl.SSLContext | None = None
 ) -> Client:
     return await connect("127.0.0.1", port_of(running.urls[0]), protocol=protocol, ssl_context=ssl_context)
+
+
+# --- scenario runner ---------------------------------------------------------------------------
+
+
+def backend(name: str, path: str, **fields: Any) -> dict[str, Any]:
+    """A webhook entry whose URL is ``path`` on the test's sample backend server (filled in later)."""
+    entry = hook(name, "", **fields)
+    entry["clientConfig"] = {"url": "__backend__" + path}
+    return entry
+
+
+def _fill_urls(
+    configs: dict[str, list[dict[str, Any]]] | None, base: str
+) -> dict[str, list[dict[str, Any]]] | None:
+    if configs is None:
+        return None
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name, hooks in configs.items():
+        filled = []
+        for h in hooks:
+            h = json.loads(json.dumps(h))
+            url = h.get("clientConfig", {}).get("url", "")
+            if url.startswith("__backend__"):
+                h["clientConfig"]["url"] = base + url.removeprefix("__backend__")
+            filled.append(h)
+        out[name] = filled
+    return out
+
+
+class Outcome:
+    """What the caller got back, and what the backend saw."""
+
+    def __init__(self, resp: Resp, sent: dict[str, Any], backend: Any, elapsed: float) -> None:
+        self.http_status = resp.status
+        self.body: dict[str, Any] = resp.json if resp.body else {}
+        self.response: dict[str, Any] = self.body.get("response", {})
+        self.sent = sent
+        self.backend = backend
+        self.elapsed = elapsed
+
+    @property
+    def allowed(self) -> bool:
+        return bool(self.response.get("allowed"))
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return self.response.get("status", {})
+
+    @property
+    def message(self) -> str:
+        return str(self.status.get("message", ""))
+
+    @property
+    def calls(self) -> list[Any]:
+        return list(self.backend.calls)
+
+    @property
+    def annotations(self) -> dict[str, str]:
+        return dict(self.response.get("auditAnnotations", {}))
+
+    @property
+    def warnings(self) -> list[str]:
+        return list(self.response.get("warnings", []))
+
+    @property
+    def patch(self) -> list[dict[str, Any]] | None:
+        return decoded_patch(self.response)
+
+
+async def run_scenario(
+    nursery: trio.Nursery,
+    config_dir: Path,
+    *,
+    endpoint: str = "validate",
+    validating: dict[str, list[dict[str, Any]]] | None = None,
+    mutating: dict[str, list[dict[str, Any]]] | None = None,
+    namespaces: dict[str, dict[str, str]] | None = None,
+    api_version: str = "admissionregistration.k8s.io/v1",
+    doc: dict[str, Any] | None = None,
+    caller_version: str = "v1",
+    timeout: str | None = "10s",
+    gateway_args: tuple[str, ...] = (),
+    protocol: str = "http1",
+) -> Outcome:
+    """Start a sample backend and the gateway, send one review, return what happened."""
+    from gateway.devtools.backends import serve_backend
+
+    server = await nursery.start(lambda task_status: serve_backend(task_status=task_status))
+    base = f"http://127.0.0.1:{server.port}"
+    write_config(
+        config_dir,
+        validating=_fill_urls(validating, base),
+        mutating=_fill_urls(mutating, base),
+        namespaces=namespaces,
+        api_version=api_version,
+    )
+    running = await start_gateway(nursery, config_dir, *gateway_args)
+    client = await gateway_client(running, protocol=protocol)
+    sent = doc if doc is not None else review(version=caller_version)
+    if doc is not None and caller_version != "v1":
+        sent = {**doc, "apiVersion": f"admission.k8s.io/{caller_version}"}
+    started = trio.current_time()
+    resp = await send_review(client, endpoint, sent, timeout=timeout)
+    elapsed = trio.current_time() - started
+    await client.aclose()
+    running.shutdown()
+    return Outcome(resp, sent, server, elapsed)
+
+
+class Expect:
+    """What a scenario must produce; only the fields given are checked."""
+
+    def __init__(
+        self,
+        *,
+        allowed: bool,
+        code: int | None = None,
+        reason: str | None = None,
+        message: str | None = None,
+        message_prefix: str | None = None,
+        message_suffix: str | None = None,
+        calls: int | None = None,
+        warnings: list[str] | None = None,
+        annotations: dict[str, str] | None = None,
+        no_annotations: tuple[str, ...] = (),
+        patch: list[dict[str, Any]] | None | bool = False,  # False: not checked; None: no patch
+    ) -> None:
+        self.allowed, self.code, self.reason = allowed, code, reason
+        self.message, self.message_prefix, self.message_suffix = message, message_prefix, message_suffix
+        self.calls, self.warnings, self.annotations = calls, warnings, annotations
+        self.no_annotations, self.patch = no_annotations, patch
+
+    def check(self, o: Outcome) -> None:
+        assert o.http_status == 200, f"HTTP {o.http_status}: {o.body}"
+        assert o.body["apiVersion"] == o.sent["apiVersion"]
+        assert o.body["kind"] == "AdmissionReview"
+        assert o.response["uid"] == o.sent["request"]["uid"]
+        assert o.allowed is self.allowed, o.response
+        if self.allowed:
+            assert "status" not in o.response, o.response  # ERR-10: allowed replies carry no status
+        else:
+            assert o.status.get("status") == "Failure"
+            assert o.status.get("code", 0) >= 400
+            assert o.message
+        if self.code is not None:
+            assert o.status.get("code") == self.code, o.status
+        if self.reason is not None:
+            assert o.status.get("reason") == self.reason, o.status
+        if self.message is not None:
+            assert o.message == self.message
+        if self.message_prefix is not None:
+            assert o.message.startswith(self.message_prefix), o.message
+        if self.message_suffix is not None:
+            assert o.message.endswith(self.message_suffix), o.message
+        if self.calls is not None:
+            assert len(o.calls) == self.calls, [c.path for c in o.calls]
+        if self.warnings is not None:
+            assert o.warnings == self.warnings
+        if self.annotations is not None:
+            for key, value in self.annotations.items():
+                assert o.annotations.get(key) == value, (key, o.annotations)
+        for key in self.no_annotations:
+            assert key not in o.annotations, o.annotations
+        if self.patch is not False:
+            assert o.patch == self.patch, o.patch
+        if not self.allowed or o.sent["request"]["operation"] == "DELETE":
+            assert "patch" not in o.response
