@@ -11,7 +11,6 @@ import io
 import json
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -22,6 +21,7 @@ from structlog.testing import capture_logs
 from gateway.admission import Status
 from gateway.config.model import ClientConfig, Snapshot, Webhook
 from gateway.config.selectors import LabelSelector
+from gateway.dispatch.engine import Verdict
 from gateway.dispatch.report import DispatchReport, InvocationOutcome, InvocationRecord
 from gateway.errors import ConfigProblem
 from gateway.observability.logs import configure_logging
@@ -67,17 +67,6 @@ def inbound(
     return decode_inbound(json.dumps(body).encode())
 
 
-@dataclass
-class Answer:
-    """The fields of ``dispatch.engine.Verdict`` the observer reads (engine not importable here yet)."""
-
-    allowed: bool
-    status: Status | None = None
-    patch: bytes | None = None
-    warnings: list[str] = field(default_factory=list)
-    report: DispatchReport | None = None
-
-
 def rec(
     name: str,
     outcome: InvocationOutcome = "allowed",
@@ -104,17 +93,17 @@ def rec(
 
 def answer(
     kind: str, *records: InvocationRecord, denied_by: str = "", deny_reason: str = "", **kw: Any
-) -> Answer:
+) -> Verdict:
     report = DispatchReport(kind=kind, operation="CREATE", invocations=list(records))  # type: ignore[arg-type]
     report.denied_by, report.deny_reason = denied_by, deny_reason
     report.allowed = not deny_reason
-    return Answer(allowed=report.allowed, report=report, **kw)
+    return Verdict(allowed=report.allowed, report=report, **kw)
 
 
 def observe(
     obs: Observability,
     endpoint: str,
-    verdict: Answer | None,
+    verdict: Verdict | None,
     *,
     review: InboundReview | None = None,
     code: int = 200,
@@ -215,7 +204,7 @@ FAIL = (
         ),
         pytest.param(
             "validating",
-            Answer(allowed=False, status=Status(status="Failure", message="from status", code=500)),
+            Verdict(allowed=False, status=Status(status="Failure", message="from status", code=500)),
             200,
             "",
             "info",
@@ -267,7 +256,7 @@ FAIL = (
 )
 def test_canonical_line_per_decision(
     endpoint: str,
-    verdict: Answer | None,
+    verdict: Verdict | None,
     code: int,
     error: str,
     level: str,

@@ -326,8 +326,9 @@ class Metrics:
         )  # fmt: skip
         self.call_errors = _counter(
             "backend_call_errors_total",
-            "Backend webhook call errors (ignored or not), per webhook name, type and reason "
-            "(connect, tls, timeout, status, bad_response, verification, version, client_config, ...).",
+            "Backend webhook call errors (ignored or not), per webhook name, type and reason: connect, "
+            "tls, transport, timeout, status (non-2xx), too_large, decode, invalid_response "
+            "(verification), version, bad_response (patch), client_config, internal.",
             ("name", "type", "reason"),
         )  # fmt: skip
         self.review_duration = _histogram(
