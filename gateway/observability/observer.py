@@ -1,0 +1,180 @@
+"""``Observability``: the server's ``ReviewObserver``: metrics and logs for every review request.
+
+The ASGI app calls ``review_started`` when a review request arrives and ``review_finished`` when it
+is answered (or abandoned); the composition root calls ``config_reloaded`` after every configuration
+load attempt. Metrics and the canonical line can each be switched off (``--no-metrics``,
+``--no-review-log``); the FPT-03 fail-open warnings and configuration problems are always logged.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import structlog
+
+from gateway.config.model import Snapshot
+from gateway.observability.canonical import (
+    InboundLike,
+    VerdictLike,
+    failed_open_fields,
+    review_fields,
+    trace_id_of,
+)
+from gateway.observability.metrics import Metrics
+
+
+class Observability:
+    """Records every review in ``metrics`` (if given) and writes its canonical log line.
+
+    Cheap on the hot path and never raises: a failure while recording is logged and swallowed,
+    because observing a review must never change its answer.
+    """
+
+    def __init__(
+        self,
+        metrics: Metrics | bool | None = True,
+        *,
+        review_log: bool = True,
+        log_bodies: bool = False,
+        logger: Any = None,
+    ) -> None:
+        """``metrics``: a ``Metrics`` to record into, True for a new one, False/None for none."""
+        if metrics is True:
+            metrics = Metrics()
+        self.prometheus: Metrics | None = metrics or None
+        self.review_log = review_log
+        self.log_bodies = log_bodies
+        self._log: Any = logger if logger is not None else structlog.get_logger("gateway.review")
+        self._bound: Any = None  # the configured logger, resolved on first use (skips the lazy proxy)
+
+    # --- ReviewObserver --------------------------------------------------------------------------
+
+    def review_started(self, endpoint: str) -> None:
+        """A review request arrived."""
+        if self.prometheus is not None:
+            self.prometheus.review_started(endpoint)
+
+    def review_finished(
+        self,
+        endpoint: str,
+        *,
+        code: int,
+        seconds: float,
+        inbound: InboundLike | None,
+        verdict: VerdictLike | None,
+        error: str = "",
+        trace: str = "",
+    ) -> None:
+        """A review request ended: with a verdict (HTTP 200), or without one (400, 413, 499, 500)."""
+        try:
+            report = verdict.report if verdict is not None else None
+            if self.prometheus is not None:
+                self.prometheus.review_finished(
+                    endpoint,
+                    code=code,
+                    seconds=seconds,
+                    operation=inbound.attributes.operation if inbound is not None else "",
+                    allowed=verdict.allowed if verdict is not None else None,
+                    report=report,
+                )
+            log = self._bound
+            if log is None:
+                log = self._bound = self._log.bind()
+            trace_id = ""
+            if report is not None and report.invocations:
+                uid = inbound.uid if inbound is not None else ""
+                for record in report.invocations:
+                    if record.outcome == "failed_open":
+                        trace_id = trace_id or trace_id_of(trace)
+                        log.warning(
+                            "backend failed open", **failed_open_fields(endpoint, uid, record, trace_id)
+                        )
+            if report is not None and report.dropped:
+                log.warning(
+                    "review entries dropped",
+                    uid=inbound.uid if inbound is not None else "",
+                    endpoint=endpoint,
+                    dropped=report.dropped,
+                )
+            if not self.review_log:
+                return
+            level = _level_of(code, answered=verdict is not None)
+            if not log.is_enabled_for(level):
+                return
+            fields = review_fields(
+                endpoint,
+                code=code,
+                seconds=seconds,
+                inbound=inbound,
+                verdict=verdict,
+                error=error,
+                trace_id=trace_id or trace_id_of(trace),
+                log_bodies=self.log_bodies,
+            )
+            log.log(level, "review", **fields)
+        except Exception:  # noqa: BLE001 - observing must never change or break the answer
+            self._log.exception("recording a review failed", endpoint=endpoint, code=code)
+
+    def metrics(self) -> tuple[bytes, str] | None:
+        """The /metrics body and content type, or None when metrics are off (then /metrics is 404)."""
+        if self.prometheus is None:
+            return None
+        return self.prometheus.render()
+
+    # --- configuration and pool ------------------------------------------------------------------
+
+    def config_reloaded(
+        self,
+        ok: bool,
+        snapshot: Snapshot | None,
+        problems: Sequence[object] = (),
+    ) -> None:
+        """Record a configuration load attempt (MET-09) and log it with its problems (CFG-23/25).
+
+        ``snapshot`` is the configuration in force afterwards (the new one on success, the last good
+        one on failure). ``problems`` are ``errors.ConfigProblem`` values (anything whose ``str`` is
+        the message): warnings on success; on failure, the errors that refused the new set.
+        """
+        generation = snapshot.generation if snapshot is not None else 0
+        backends = {
+            "validating": len(snapshot.validating) if snapshot is not None else 0,
+            "mutating": len(snapshot.mutating) if snapshot is not None else 0,
+        }
+        if self.prometheus is not None:
+            self.prometheus.config_reloaded(ok, generation, backends)
+        log = self._log
+        if ok:
+            log.info("configuration loaded", generation=generation, **backends)
+            for problem in problems:
+                log.warning("configuration warning", generation=generation, problem=str(problem))
+            return
+        log.error(
+            "configuration refused; the last good configuration stays in force",
+            generation=generation,
+            problems=[str(p) for p in problems],
+        )
+
+    def watch_pool(self, pool: ConnectionCounts) -> None:
+        """Export the pool's open connections per origin (``pool.open_connections()`` at each scrape)."""
+        if self.prometheus is not None:
+            self.prometheus.set_connection_source(pool.open_connections)
+
+    def set_connection_source(self, source: Callable[[], Mapping[Any, int]] | None) -> None:
+        """Export ``source()`` (origin -> open connections) at each scrape."""
+        if self.prometheus is not None:
+            self.prometheus.set_connection_source(source)
+
+
+class ConnectionCounts(Protocol):
+    """What ``watch_pool`` needs from ``transport.pool.ClientPool``."""
+
+    def open_connections(self) -> Mapping[Any, int]: ...
+
+
+def _level_of(code: int, *, answered: bool) -> int:
+    """Answered reviews are INFO; unanswered ones WARNING (caller's fault) or ERROR (ours, 5xx)."""
+    if answered:
+        return logging.INFO
+    return logging.ERROR if code >= 500 else logging.WARNING
