@@ -50,6 +50,8 @@ def check(options: object) -> int:
 
 
 def serve(options: object) -> int:
+    from functools import partial
+
     import trio
 
     from gateway.errors import ConfigError
@@ -63,7 +65,7 @@ def serve(options: object) -> int:
         log_bodies=options.log_bodies,  # type: ignore[attr-defined]
     )
     try:
-        trio.run(run_server, options, observer)
+        trio.run(partial(run_server, options, observer=observer))
     except ConfigError:
         return 2
     except KeyboardInterrupt:

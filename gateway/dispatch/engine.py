@@ -290,8 +290,7 @@ class Dispatcher:
         record.reason = exc.reason
         record.error_kind = exc.kind
         if hook.failure_policy == "Ignore":
-            record.outcome = "failed_open"
-            log.warning("failing open", webhook=hook.name, error=exc.reason)
+            record.outcome = "failed_open"  # logged (FPT-03) and counted (MET-04) by observability
         else:
             record.outcome = "failed_closed"
 

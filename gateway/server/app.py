@@ -24,6 +24,7 @@ from gateway.errors import BadReview
 from gateway.matching import is_exempt, matching_error_status, not_ready_error
 from gateway.review import InboundReview, decode_inbound, encode_reply, encode_status
 from gateway.server.timeouts import parse_go_duration
+from gateway.tracing import start_review_trace
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -115,6 +116,12 @@ class GatewayApp:
         self.observer: ReviewObserver = observer or NullObserver()
         self.settings = settings or ServerSettings()
         self._endpoints = {self.settings.validate_path: "validating", self.settings.mutate_path: "mutating"}
+        self.in_flight = 0  # reviews being handled right now (graceful shutdown waits for zero)
+
+    async def wait_idle(self) -> None:
+        """Return once no review is in flight (polled: only used while shutting down)."""
+        while self.in_flight:
+            await trio.sleep(0.01)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -159,7 +166,10 @@ class GatewayApp:
 
     async def _review(self, endpoint: str, scope: Scope, receive: Receive, send: Send) -> None:
         arrived = trio.current_time()
+        traceparent = _header(scope, b"traceparent")
+        start_review_trace(traceparent)  # backend calls carry child contexts of the caller's trace
         self.observer.review_started(endpoint)
+        self.in_flight += 1
         code, inbound, verdict, error = 500, None, None, ""
         try:
             try:
@@ -193,6 +203,7 @@ class GatewayApp:
             code = 200
             await _respond(send, 200, reply, _JSON)
         finally:
+            self.in_flight -= 1
             self.observer.review_finished(
                 endpoint,
                 code=code,
@@ -200,7 +211,7 @@ class GatewayApp:
                 inbound=inbound,
                 verdict=verdict,
                 error=error,
-                trace=_header(scope, b"traceparent"),
+                trace=traceparent,
             )
 
     def _budget(self, scope: Scope) -> float:

@@ -8,6 +8,7 @@ take time to be removed), then stops accepting and lets in-flight reviews finish
 
 from __future__ import annotations
 
+import logging
 import signal
 import ssl
 from argparse import Namespace
@@ -15,7 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 import trio
@@ -28,7 +29,10 @@ from gateway.dispatch.engine import Dispatcher, DispatchSettings
 from gateway.dispatch.ports import NamespaceNotFoundError
 from gateway.errors import ConfigError
 from gateway.server import hypercorn_fixes
-from gateway.server.app import GatewayApp, Readiness, ReviewObserver, ServerSettings
+from gateway.server.app import GatewayApp, Readiness, ServerSettings
+
+if TYPE_CHECKING:
+    from gateway.observability import Observability
 
 log = structlog.get_logger("gateway.server")
 
@@ -76,7 +80,7 @@ def hypercorn_config(bind: str, *, tls: ReloadableTLS | None, shutdown_timeout: 
     cfg.tls = tls
     cfg.bind = [bind]
     cfg.accesslog = None  # the canonical review line is the access log
-    cfg.errorlog = "-"
+    cfg.errorlog = logging.getLogger("hypercorn.error")  # through our log pipeline, once
     # hypercorn closes a connection after 1,000 requests by default (for HTTP/2 too); kube-apiserver
     # keeps connections for a long time, and reconnecting costs a TLS handshake per 1,000 reviews.
     cfg.keep_alive_max_requests = 2**31
@@ -101,7 +105,7 @@ class Running:
 async def serve(
     options: Namespace,
     *,
-    observer: ReviewObserver | None = None,
+    observer: Observability | None = None,
     handle_signals: bool = True,
     task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -118,17 +122,17 @@ async def serve(
         return load_directory(options.config, strict_https=strict, generation=generation)
 
     baseline = fingerprint(Path(options.config))  # taken first, so no change before the watch is missed
+    if observer is None:
+        from gateway.observability import Observability
+
+        observer = Observability(metrics=False, review_log=False)  # still logs configuration events
     try:
         first = load(1)
     except ConfigError as exc:
-        for problem in exc.problems:
-            log.error("configuration refused", problem=str(problem))
+        observer.config_reloaded(ok=False, snapshot=None, problems=exc.errors)
         raise
-    for problem in first.warnings:
-        log.warning("configuration warning", problem=str(problem))
     store = ConfigStore(first)
-    if observer is not None and hasattr(observer, "config_reloaded"):
-        observer.config_reloaded(ok=True, snapshot=first, problems=list(first.warnings))
+    observer.config_reloaded(ok=True, snapshot=first, problems=list(first.warnings))
 
     credentials = CredentialStore.load(options.backend_kubeconfig) if options.backend_kubeconfig else None
     tls = ReloadableTLS(options.certfile, options.keyfile, options.client_ca) if options.certfile else None
@@ -170,25 +174,10 @@ async def serve(
                 deadline_margin_seconds=options.deadline_margin,
             ),
         )
-        if observer is not None and hasattr(observer, "watch_pool"):
-            observer.watch_pool(pool)
+        observer.watch_pool(pool)
 
         def on_reload(result: str, problems: Sequence[Any]) -> None:
-            snapshot = store.snapshot
-            if result == "failure":
-                for problem in problems:
-                    log.error("configuration reload refused; keeping the last good one", problem=str(problem))
-            else:
-                for problem in problems:
-                    log.warning("configuration warning", problem=str(problem))
-                log.info(
-                    "configuration reloaded",
-                    generation=snapshot.generation,
-                    validating=len(snapshot.validating),
-                    mutating=len(snapshot.mutating),
-                )
-            if observer is not None and hasattr(observer, "config_reloaded"):
-                observer.config_reloaded(ok=result == "success", snapshot=snapshot, problems=list(problems))
+            observer.config_reloaded(ok=result == "success", snapshot=store.snapshot, problems=list(problems))
 
         await nursery.start(
             partial(
@@ -212,32 +201,38 @@ async def serve(
             )
 
         stop_serving = trio.Event()
-        main_cfg = hypercorn_config(options.bind, tls=tls, shutdown_timeout=options.shutdown_timeout)
-        urls: list[str] = await nursery.start(_serve_app, app, main_cfg, stop_serving.wait)
-        metrics_urls: list[str] = []
-        if options.metrics_bind:
-            metrics_cfg = hypercorn_config(options.metrics_bind, tls=None, shutdown_timeout=1.0)
-            metrics_urls = await nursery.start(_serve_app, _MetricsOnly(app), metrics_cfg, stop_serving.wait)
-        log.info(
-            "serving",
-            urls=urls,
-            metrics=metrics_urls,
-            config=options.config,
-            validating=len(first.validating),
-            mutating=len(first.mutating),
-        )
-        task_status.started(Running(urls, metrics_urls, app, shutdown_requested.set))
-
         if handle_signals:
             nursery.start_soon(_wait_for_signal, shutdown_requested)
-        await shutdown_requested.wait()
-        readiness.draining = True  # /readyz → 503 at once; keep serving while endpoints update
-        log.info("shutting down: draining", drain_seconds=options.drain_seconds)
-        await trio.sleep(options.drain_seconds)
-        stop_serving.set()  # hypercorn stops accepting and waits for in-flight reviews
-        with trio.move_on_after(options.shutdown_timeout + 1.0):
-            await _wait_servers_done(nursery)
-        nursery.cancel_scope.cancel()
+        # The HTTP servers get their own nursery: it closes only when hypercorn has drained them.
+        async with trio.open_nursery() as servers:
+            main_cfg = hypercorn_config(options.bind, tls=tls, shutdown_timeout=options.shutdown_timeout)
+            urls: list[str] = await servers.start(_serve_app, app, main_cfg, stop_serving.wait)
+            metrics_urls: list[str] = []
+            if options.metrics_bind:
+                metrics_cfg = hypercorn_config(options.metrics_bind, tls=None, shutdown_timeout=1.0)
+                metrics_urls = await servers.start(_serve_app, _MetricsOnly(app), metrics_cfg, stop_serving.wait)
+            log.info(
+                "serving",
+                urls=urls,
+                metrics=metrics_urls,
+                config=options.config,
+                validating=len(first.validating),
+                mutating=len(first.mutating),
+            )
+            task_status.started(Running(urls, metrics_urls, app, shutdown_requested.set))
+
+            await shutdown_requested.wait()
+            readiness.draining = True  # /readyz → 503 at once; keep serving while endpoints update
+            log.info("shutting down: draining", drain_seconds=options.drain_seconds)
+            await trio.sleep(options.drain_seconds)
+            # Let in-flight reviews finish *before* hypercorn starts closing connections: its HTTP/2
+            # shutdown can send GOAWAY before the END_STREAM of a response still being written
+            # (pgjones/hypercorn#226), which the caller would see as a failed call.
+            with trio.move_on_after(options.shutdown_timeout):
+                await app.wait_idle()
+            stop_serving.set()  # hypercorn stops accepting and closes the (now idle) connections
+            servers.cancel_scope.deadline = trio.current_time() + options.shutdown_timeout + 1.0
+        nursery.cancel_scope.cancel()  # watchers, namespace source, pool readers
     log.info("stopped")
 
 
@@ -249,12 +244,6 @@ async def _serve_app(
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     await hypercorn_serve(app, cfg, shutdown_trigger=shutdown_trigger, task_status=task_status)
-
-
-async def _wait_servers_done(nursery: trio.Nursery) -> None:
-    # The hypercorn tasks return once drained; the watchers never return on their own.
-    while any(t.name.endswith("_serve_app") for t in nursery.child_tasks):
-        await trio.sleep(0.05)
 
 
 def _reload_tls(tls: ReloadableTLS) -> Callable[[Sequence[Path]], None]:
