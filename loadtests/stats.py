@@ -22,7 +22,8 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
         return math.nan
     if q <= 0:
         return sorted_values[0]
-    rank = math.ceil(q / 100.0 * len(sorted_values))
+    # Rounding first: 99.9 / 100 * 1000 is 999.0000000000001 in floating point.
+    rank = math.ceil(round(q * len(sorted_values) / 100.0, 9))
     return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
