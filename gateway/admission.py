@@ -81,7 +81,7 @@ def object_labels(doc: msgspec.Raw | None) -> dict[str, str] | None:
     if is_null(doc):
         return None
     try:
-        meta = _labels_decoder.decode(doc)  # type: ignore[arg-type]
+        meta = _labels_decoder.decode(doc)
     except msgspec.DecodeError:
         # A metadata member that is not an object, labels that are not strings ...: upstream cannot
         # build an accessor for it either, so it never matches.

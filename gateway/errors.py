@@ -138,3 +138,14 @@ class MatchingError(GatewayError):
         self.message = message
         self.details = details or {}
         super().__init__(message)
+
+
+# --- namespace labels ----------------------------------------------------------------------------
+
+
+class NamespaceLookupError(GatewayError):
+    """Namespace labels could not be obtained (MAT-17), for a reason other than "not found".
+
+    The dispatcher answers ``500 Internal error occurred: <str(error)>``; the message is the
+    Go-like text upstream would show, e.g. ``Get "https://10.0.0.1:443/api/v1/namespaces/a": ...``.
+    """

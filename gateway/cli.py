@@ -1,0 +1,194 @@
+"""Command-line options: every option also comes from an environment variable.
+
+``webhook-gateway [serve] --config DIR --bind HOST:PORT ...`` serves; ``check`` validates a
+configuration directory; ``demo`` runs the bundled end-to-end demonstration. The environment
+variable of ``--some-option`` is ``WEBHOOK_GATEWAY_SOME_OPTION``; a flag given on the command line wins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+ENV_PREFIX = "WEBHOOK_GATEWAY_"
+COMMANDS = ("serve", "check", "demo")
+
+
+def _env_name(option: str) -> str:
+    return ENV_PREFIX + option.lstrip("-").replace("-", "_").upper()
+
+
+class _EnvDefaults(argparse.ArgumentParser):
+    """An ArgumentParser whose option defaults come from WEBHOOK_GATEWAY_* variables."""
+
+    def add_option(self, flag: str, *, help: str, **kwargs: Any) -> None:
+        env = _env_name(flag)
+        kind = kwargs.get("action")
+        if env in os.environ:
+            raw = os.environ[env]
+            if kind == "store_true":
+                kwargs["default"] = raw.strip().lower() in ("1", "true", "yes", "on")
+            else:
+                kwargs["default"] = kwargs.get("type", str)(raw)
+            kwargs.pop("required", None)
+        default = kwargs.get("default")
+        shown = "" if default in (None, False) or kind == "store_true" else f" (default: {default})"
+        self.add_argument(flag, help=f"{help}{shown} [env: {env}]", **kwargs)
+
+
+def _serve_parser(prog: str) -> _EnvDefaults:
+    p = _EnvDefaults(
+        prog=prog,
+        description="Serve /validate and /mutate in front of the backend webhooks configured in --config.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Subcommands: `check --config DIR` validates a configuration directory; `demo` runs the "
+        "bundled end-to-end demonstration.",
+    )
+    g = p.add_argument_group("serving")
+    g.add_option(
+        "--config",
+        help="directory of Validating/MutatingWebhookConfiguration and Namespace files",
+        default="config/webhooks",
+    )
+    g.add_option("--bind", help="HOST:PORT to serve HTTP/1.1 and HTTP/2 on", default="127.0.0.1:8443")
+    g.add_option(
+        "--certfile", help="serving certificate (PEM); with --keyfile enables TLS (ALPN h2, http/1.1)"
+    )
+    g.add_option("--keyfile", help="serving private key (PEM)")
+    g.add_option(
+        "--client-ca", help="CA bundle (PEM): require and verify client certificates (the apiserver)"
+    )
+    g.add_option("--metrics-bind", help="serve /metrics (and /healthz) on a separate plaintext HOST:PORT")
+    g.add_option("--validate-path", help="path of the validating endpoint", default="/validate")
+    g.add_option("--mutate-path", help="path of the mutating endpoint", default="/mutate")
+    g.add_option(
+        "--max-request-bytes",
+        help="largest accepted review body (HTTP 413 above)",
+        type=int,
+        default=32 * 1024 * 1024,
+    )
+    g.add_option(
+        "--drain-seconds",
+        help="after SIGTERM: keep serving (readyz 503) this long before closing",
+        type=float,
+        default=5.0,
+    )
+    g.add_option(
+        "--shutdown-timeout",
+        help="then wait at most this long for in-flight reviews",
+        type=float,
+        default=30.0,
+    )
+    g.add_option(
+        "--config-poll-seconds",
+        help="how often the config directory and TLS files are checked",
+        type=float,
+        default=2.0,
+    )
+
+    d = p.add_argument_group("dispatch")
+    d.add_option(
+        "--default-timeout",
+        help="budget when the caller sends no ?timeout= (seconds)",
+        type=float,
+        default=10.0,
+    )
+    d.add_option(
+        "--deadline-margin",
+        help="answer this many seconds before the caller's timeout",
+        type=float,
+        default=0.2,
+    )
+    d.add_option(
+        "--patch-mode",
+        help="combined patch: concatenation of backend patches, or a computed diff",
+        choices=("concat", "diff"),
+        default="concat",
+    )
+    d.add_option(
+        "--audit-patches", help="also return patch.round_<r>_index_<i> audit annotations", action="store_true"
+    )
+    d.add_option(
+        "--include-virtual-resources",
+        action="store_true",
+        help="send token/subject-access reviews to backends too (older apiservers did)",
+    )
+    d.add_option(
+        "--strict-https",
+        action="store_true",
+        help="refuse http:// backend URLs even on loopback (upstream's rule)",
+    )
+
+    t = p.add_argument_group("backends")
+    t.add_option("--backend-kubeconfig", help="kubeconfig-format file with per-host backend credentials")
+    t.add_option(
+        "--max-backend-response-bytes",
+        help="largest accepted backend reply",
+        type=int,
+        default=16 * 1024 * 1024,
+    )
+    t.add_option(
+        "--max-connections-per-backend", help="connection pool bound per backend origin", type=int, default=64
+    )
+
+    n = p.add_argument_group("namespaces")
+    n.add_option(
+        "--namespace-source",
+        choices=("config", "cluster"),
+        default="config",
+        help="where namespaceSelector labels come from: Namespace objects in --config, or a watch",
+    )
+    n.add_option("--kubeconfig", help="kubeconfig for --namespace-source=cluster (default: in-cluster)")
+    n.add_option(
+        "--unknown-namespace",
+        choices=("notFound", "emptyLabels"),
+        default="notFound",
+        help="file mode: a namespace without a Namespace object is 404, or has no labels",
+    )
+
+    o = p.add_argument_group("observability")
+    o.add_option(
+        "--log-level", choices=("debug", "info", "warning", "error"), default="info", help="log level"
+    )
+    o.add_option("--log-format", choices=("json", "console"), default="json", help="log format")
+    o.add_option("--log-bodies", action="store_true", help="debug: include review bodies in logs")
+    o.add_option("--no-metrics", action="store_true", help="disable Prometheus metrics")
+    o.add_option("--no-review-log", action="store_true", help="disable the per-review canonical log line")
+    return p
+
+
+@dataclass(frozen=True)
+class Invocation:
+    command: str
+    options: argparse.Namespace
+
+
+def parse(argv: Sequence[str], prog: str = "webhook-gateway") -> Invocation:
+    """Parse argv (without the program name) into a command and its options."""
+    args = list(argv)
+    command = "serve"
+    if args and args[0] in COMMANDS:
+        command = args.pop(0)
+    if command == "check":
+        p = _EnvDefaults(
+            prog=f"{prog} check",
+            description="Validate a configuration directory; exit 1 and print every problem.",
+        )
+        p.add_option("--config", help="configuration directory", default="config/webhooks")
+        p.add_option("--strict-https", action="store_true", help="refuse http:// URLs even on loopback")
+        p.add_option("--warnings-as-errors", action="store_true", help="exit 1 on warnings too")
+        return Invocation(command, p.parse_args(args))
+    if command == "demo":
+        p = _EnvDefaults(
+            prog=f"{prog} demo",
+            description="Start sample backends and the gateway, send reviews, print decisions.",
+        )
+        p.add_option("--config", help="demo configuration directory", default="")
+        p.add_option(
+            "--log-format", choices=("json", "console"), default="console", help="gateway log format"
+        )
+        return Invocation(command, p.parse_args(args))
+    return Invocation(command, _serve_parser(prog).parse_args(args))

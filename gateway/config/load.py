@@ -1,0 +1,338 @@
+"""Loading configuration sources into one validated, immutable Snapshot (CFG-01..25, ORD-01..05).
+
+Pipeline: sources (a directory, files, or already-parsed cluster objects) → documents (multi-document
+YAML and nested ``List`` objects unwrapped, CFG-01) → per document: structural decode (``schema``:
+unknown fields warn, wrong types fail) → per-version defaults (``defaults``) → validation
+(``validation``) → the model and its order (``build``). Every problem of every source is collected
+(CFG-23); any error refuses the whole set with ``ConfigError`` so a reload is all or nothing (CFG-25).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final, Literal
+
+import yaml
+
+from gateway.config import build, defaults, model, schema, types
+from gateway.config.fielderrors import FieldError, child, go_quote, index
+from gateway.config.validation import validate_configuration, validate_namespace
+from gateway.errors import ConfigError, ConfigProblem
+
+EXTENSIONS: Final = (".yaml", ".yml", ".json")
+
+_CONFIG_KINDS: Final[dict[str, model.WebhookKind]] = {
+    "ValidatingWebhookConfiguration": "validating",
+    "MutatingWebhookConfiguration": "mutating",
+}
+_CONFIG_TYPES: Final[dict[str, type[types.WebhookConfiguration]]] = {
+    "ValidatingWebhookConfiguration": types.ValidatingWebhookConfiguration,
+    "MutatingWebhookConfiguration": types.MutatingWebhookConfiguration,
+}
+# Typed lists (as the API serves them) whose items may omit apiVersion and kind.
+_TYPED_LISTS: Final = {
+    (defaults.V1, "ValidatingWebhookConfigurationList"),
+    (defaults.V1, "MutatingWebhookConfigurationList"),
+    (defaults.V1BETA1, "ValidatingWebhookConfigurationList"),
+    (defaults.V1BETA1, "MutatingWebhookConfigurationList"),
+    ("v1", "NamespaceList"),
+}
+_LIST_FIELDS: Final = frozenset({"apiVersion", "kind", "metadata", "items"})
+_SUPPORTED: Final = (
+    "expected a ValidatingWebhookConfiguration or MutatingWebhookConfiguration of "
+    "admissionregistration.k8s.io/v1 or /v1beta1, a v1 Namespace, or a List of them"
+)
+
+
+def _safe_loader() -> type[yaml.SafeLoader]:
+    return getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+@dataclass(frozen=True, slots=True)
+class _Document:
+    source: str  # file name or cluster object label, for messages
+    location: str  # "documents[1]", "documents[0].items[3]" … ("" for a single parsed object)
+    body: object
+
+
+@dataclass(slots=True)
+class _Loader:
+    """Accumulates documents' outcomes; one per load."""
+
+    lax: bool
+    strict_https: bool
+    problems: list[ConfigProblem] = field(default_factory=list)
+    accepted: list[build.Accepted] = field(default_factory=list)
+    namespaces: dict[str, dict[str, str]] = field(default_factory=dict)
+    first_seen: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    # --- reporting ---
+
+    def problem(
+        self,
+        doc: _Document,
+        message: str,
+        *,
+        kind: str = "",
+        name: str = "",
+        path: str = "",
+        severity: Literal["error", "warning"] = "error",
+    ) -> None:
+        if not kind:
+            path = ".".join(p for p in (doc.location, path) if p)
+        self.problems.append(ConfigProblem(doc.source, message, kind, name, path, severity))
+
+    def field_problems(
+        self,
+        doc: _Document,
+        kind: str,
+        name: str,
+        errors: Iterable[FieldError],
+        *,
+        severity: Literal["error", "warning"] = "error",
+    ) -> int:
+        """Report field errors; ratcheted ones become warnings for lax sources (CFG-24).
+
+        Returns how many were reported as errors.
+        """
+        count = 0
+        for e in errors:
+            level: Literal["error", "warning"] = "warning" if (self.lax and e.ratchet) else severity
+            count += level == "error"
+            self.problem(doc, e.body, kind=kind, name=name, path=e.path, severity=level)
+        return count
+
+    def place(self, doc: _Document) -> str:
+        return f"{doc.source} ({doc.location})" if doc.location else doc.source
+
+    def register(self, doc: _Document, kind: str, name: str) -> bool:
+        """CFG-02 (and namespaces): one object per kind and name; a second is an error naming both."""
+        if not name:
+            return True
+        first = self.first_seen.get((kind, name))
+        if first is None:
+            self.first_seen[(kind, name)] = self.place(doc)
+            return True
+        self.problem(
+            doc,
+            f"Duplicate value: {go_quote(name)}: a {kind} of this name is already defined in {first}",
+            kind=kind,
+            name=name,
+            path="metadata.name",
+        )
+        return False
+
+    # --- documents ---
+
+    def add(self, doc: _Document) -> None:
+        """Load one top-level document; self-referencing YAML (``&a [*a]``) cannot loop forever."""
+        try:
+            self.document(doc)
+        except RecursionError:
+            self.problem(doc, "the document nests too deeply (a self-referencing YAML alias?)")
+
+    def document(self, doc: _Document) -> None:
+        body = doc.body
+        if body is None:
+            return  # an empty YAML document
+        if not isinstance(body, dict):
+            self.problem(doc, f"expected an object, not {schema.json_type(body)}")
+            return
+        api_version, kind = body.get("apiVersion"), body.get("kind")
+        if not isinstance(api_version, str) or not isinstance(kind, str) or not api_version or not kind:
+            self.problem(doc, f"apiVersion and kind are required; {_SUPPORTED}")
+        elif kind == "List" or (api_version, kind) in _TYPED_LISTS:
+            self.list_document(doc, body, api_version, kind)
+        elif api_version in (defaults.V1, defaults.V1BETA1) and kind in _CONFIG_KINDS:
+            self.configuration(doc, body, kind)
+        elif (api_version, kind) == ("v1", "Namespace"):
+            self.namespace(doc, body)
+        else:
+            self.problem(
+                doc, f"unsupported apiVersion {go_quote(api_version)} and kind {go_quote(kind)}: {_SUPPORTED}"
+            )
+
+    def list_document(self, doc: _Document, body: dict[object, object], api_version: str, kind: str) -> None:
+        for k in body:
+            if k not in _LIST_FIELDS:
+                self.problem(doc, "unknown field", path=str(k), severity="warning")
+        items = body.get("items")
+        if items is None:
+            return
+        if not isinstance(items, list):
+            self.problem(doc, f"must be a list, not {schema.json_type(items)}", path="items")
+            return
+        item_kind = kind.removesuffix("List") if kind != "List" else None
+        for i, item in enumerate(items):
+            typed = item
+            if item_kind is not None and isinstance(item, dict):
+                typed = {"apiVersion": api_version, "kind": item_kind, **item}
+            self.document(_Document(doc.source, index(child(doc.location, "items"), i), typed))
+
+    def configuration(self, doc: _Document, body: dict[object, object], kind_name: str) -> None:
+        kind = _CONFIG_KINDS[kind_name]
+        decoded = schema.decode(body, _CONFIG_TYPES[kind_name])
+        config = decoded.value
+        name = (config.metadata.name if config.metadata else None) or ""
+        self.field_problems(doc, kind_name, name, decoded.errors)
+        for path in decoded.unknown_fields:
+            self.problem(doc, "unknown field", kind=kind_name, name=name, path=path, severity="warning")
+        config = defaults.default_configuration(config)
+        findings = validate_configuration(config, strict_https=self.strict_https)
+        errors = [e for e in findings.errors if not schema.suppressed(e.path, decoded.bad_paths)]
+        failed = self.field_problems(doc, kind_name, name, errors) + len(decoded.errors)
+        self.field_problems(doc, kind_name, name, findings.warnings, severity="warning")
+        bundles = []
+        for i, hook in enumerate(config.webhooks or ()):
+            path = child(child(index("webhooks", i), "clientConfig"), "caBundle")
+            ca = hook.client_config.ca_bundle if hook.client_config else None
+            pem, error, warning = build.decode_ca_bundle(ca, path)
+            failed += self.field_problems(doc, kind_name, name, [error] if error else [])
+            self.field_problems(doc, kind_name, name, [warning] if warning else [], severity="warning")
+            bundles.append(pem)
+        unique = self.register(doc, kind_name, name)
+        if failed or not unique:
+            return
+        self.field_problems(doc, kind_name, name, build.equivalent_warnings(config), severity="warning")
+        self.accepted.append(
+            build.Accepted(kind, name, doc.source, config, tuple(findings.conditions), tuple(bundles))
+        )
+
+    def namespace(self, doc: _Document, body: dict[object, object]) -> None:
+        decoded = schema.decode(body, types.Namespace)
+        meta = decoded.value.metadata or types.ObjectMeta()
+        name = meta.name or ""
+        self.field_problems(doc, "Namespace", name, decoded.errors)
+        for path in decoded.unknown_fields:
+            self.problem(doc, "unknown field", kind="Namespace", name=name, path=path, severity="warning")
+        findings = validate_namespace(decoded.value)
+        errors = [e for e in findings.errors if not schema.suppressed(e.path, decoded.bad_paths)]
+        failed = self.field_problems(doc, "Namespace", name, errors) + len(decoded.errors)
+        self.field_problems(doc, "Namespace", name, findings.warnings, severity="warning")
+        if self.register(doc, "Namespace", name) and not failed:
+            self.namespaces[name] = dict(meta.labels or {})
+
+    def snapshot(self, *, origin: str, generation: int) -> model.Snapshot:
+        if any(p.severity == "error" for p in self.problems):
+            raise ConfigError(self.problems)
+        return build.build_snapshot(
+            self.accepted,
+            self.namespaces,
+            warnings=self.problems,
+            origin=origin,
+            generation=generation,
+        )
+
+
+# --- sources -------------------------------------------------------------------------------------
+
+
+def _yaml_error(exc: yaml.YAMLError) -> str:
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        what = f"{exc.problem} ({exc.context})" if exc.context else exc.problem
+        return f"invalid YAML at line {mark.line + 1}, column {mark.column + 1}: {what}"
+    return f"invalid YAML: {exc}"
+
+
+def _read_file(path: Path, label: str) -> tuple[list[_Document], ConfigProblem | None]:
+    """One file's documents, or the problem that stopped reading it."""
+    try:
+        text = path.read_bytes().decode("utf-8-sig")
+    except OSError as exc:
+        return [], ConfigProblem(label, f"cannot read file: {exc.strerror or exc}")
+    except UnicodeDecodeError as exc:
+        return [], ConfigProblem(label, f"not UTF-8 text: {exc.reason} at byte {exc.start}")
+    if path.suffix == ".json":
+        try:
+            body = json.loads(text)
+        except json.JSONDecodeError as exc:
+            return [], ConfigProblem(
+                label, f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
+            )
+        return [_Document(label, "documents[0]", body)], None
+    try:
+        bodies = list(yaml.load_all(text, Loader=_safe_loader()))
+    except yaml.YAMLError as exc:
+        return [], ConfigProblem(label, _yaml_error(exc))
+    return [_Document(label, index("documents", i), b) for i, b in enumerate(bodies)], None
+
+
+def _directory_files(directory: Path) -> list[Path]:
+    """The configuration files of a directory: sorted, non-recursive.
+
+    Hidden entries are skipped, which also skips the ``..data`` and ``..<timestamp>`` entries of a
+    Kubernetes ConfigMap volume; its top-level symlinks (``name -> ..data/name``) are followed, so
+    each file is read once.
+    """
+    files = []
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if entry.name.startswith(".") or not entry.name.endswith(EXTENSIONS):
+                continue
+            if entry.is_file():  # follows symlinks
+                files.append(Path(entry.path))
+    return sorted(files, key=lambda p: p.name)
+
+
+def load_files(
+    paths: Iterable[str | os.PathLike[str]], *, strict_https: bool = False, generation: int = 0
+) -> model.Snapshot:
+    """Load the given YAML/JSON files, in the order given; raise ``ConfigError`` on any error."""
+    files = [Path(p) for p in paths]
+    loader = _Loader(lax=False, strict_https=strict_https)
+    for path in files:
+        docs, problem = _read_file(path, str(path))
+        if problem is not None:
+            loader.problems.append(problem)
+        for doc in docs:
+            loader.add(doc)
+    origin = str(files[0].parent) if files else "<no files>"
+    return loader.snapshot(origin=origin, generation=generation)
+
+
+def load_directory(
+    path: str | os.PathLike[str], *, strict_https: bool = False, generation: int = 0
+) -> model.Snapshot:
+    """Load every ``*.yaml``, ``*.yml`` and ``*.json`` file of a directory (CFG-01).
+
+    Files are read in name order, non-recursively, skipping hidden entries (ConfigMap mounts load
+    each file once). Raises ``ConfigError`` listing every problem when anything is invalid.
+    """
+    directory = Path(path)
+    try:
+        files = _directory_files(directory)
+    except OSError as exc:
+        raise ConfigError(
+            [ConfigProblem(str(path), f"cannot read directory: {exc.strerror or exc}")]
+        ) from exc
+    loader = _Loader(lax=False, strict_https=strict_https)
+    for file in files:
+        docs, problem = _read_file(file, os.path.join(path, file.name))
+        if problem is not None:
+            loader.problems.append(problem)
+        for doc in docs:
+            loader.add(doc)
+    return loader.snapshot(origin=str(path), generation=generation)
+
+
+def load_documents(
+    docs: Iterable[tuple[str, object]],
+    *,
+    lax: bool = False,
+    strict_https: bool = False,
+    generation: int = 0,
+) -> model.Snapshot:
+    """Load already-parsed objects, each ``(source label, object)``.
+
+    ``lax=True`` is for objects read from a live cluster (CFG-24): the apiserver's update ratchets
+    are reported as warnings instead of errors.
+    """
+    loader = _Loader(lax=lax, strict_https=strict_https)
+    for label, body in docs:
+        loader.add(_Document(label, "", body))
+    return loader.snapshot(origin="<documents>", generation=generation)

@@ -1,0 +1,139 @@
+"""``webhook-gateway demo``: the whole path on one machine in a few seconds.
+
+Starts the sample backend webhooks described in the bundled configuration (on 127.0.0.1:18081),
+starts the gateway in front of them, sends a handful of AdmissionReviews as kube-apiserver would,
+and prints each decision: allowed, denied (naming the denying backend), mutated (showing the
+combined patch), a slow backend failing open, and an unavailable one failing closed.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+import uuid
+from argparse import Namespace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import trio
+
+DEMO_BACKEND_PORT = 18081
+
+
+def demo_config_dir() -> Path:
+    return Path(str(resources.files("gateway") / "data" / "demo"))
+
+
+def _pod(name: str, labels: dict[str, str], image: str = "registry.example.com/shop/web:1.4.2") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "shop", "labels": labels},
+        "spec": {"containers": [{"name": "app", "image": image}]},
+    }
+
+
+def _review(obj: dict[str, Any], version: str = "v1") -> dict[str, Any]:
+    return {
+        "apiVersion": f"admission.k8s.io/{version}",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": str(uuid.uuid4()),
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "name": obj["metadata"]["name"],
+            "namespace": "shop",
+            "operation": "CREATE",
+            "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
+            "object": obj,
+            "oldObject": None,
+            "dryRun": False,
+        },
+    }
+
+
+STEPS: list[tuple[str, str, dict[str, Any]]] = [
+    ("an ordinary Pod", "validate", _pod("web", {"app": "web"})),
+    ("a Pod from an untrusted registry", "validate",
+     _pod("evil", {"app": "evil", "demo/image": "untrusted"}, image="evil.example.com/miner:latest")),
+    ("the same ordinary Pod, mutating", "mutate", _pod("web", {"app": "web"})),
+    ("a Pod audited by a slow backend (Ignore, 1 s timeout)", "validate",
+     _pod("audited", {"app": "web", "demo/audit": "slow"})),
+    ("a Pod that needs the (unavailable) quota service (Fail)", "validate",
+     _pod("budget", {"app": "web", "demo/quota": "check"})),
+]
+
+BOLD, GREEN, RED, DIM, RESET = "\033[1m", "\033[32m", "\033[31m", "\033[2m", "\033[0m"
+
+
+def _paint(text: str, color: str, enabled: bool) -> str:
+    return f"{color}{text}{RESET}" if enabled else text
+
+
+def describe(step: int, title: str, endpoint: str, reply: dict[str, Any], ms: float, color: bool) -> str:
+    """One decision, readably."""
+    resp = reply["response"]
+    lines = [_paint(f"{step}. {title}", BOLD, color) + _paint(f"  POST /{endpoint}  {ms:.1f} ms", DIM, color)]
+    if resp.get("allowed"):
+        lines.append("   " + _paint("ALLOWED", GREEN, color))
+    else:
+        st = resp.get("status", {})
+        lines.append("   " + _paint(f"DENIED {st.get('code')} {st.get('reason', '')}", RED, color))
+        lines.append(f"   {st.get('message', '')}")
+    if "patch" in resp:
+        patch = json.loads(base64.b64decode(resp["patch"]))
+        lines.append(f"   combined patch ({resp.get('patchType')}):")
+        lines.extend(f"     {json.dumps(op)}" for op in patch)
+    for warning in resp.get("warnings", []):
+        lines.append(f"   warning: {warning}")
+    for key, value in sorted(resp.get("auditAnnotations", {}).items()):
+        lines.append(_paint(f"   audit annotation {key} = {value}", DIM, color))
+    return "\n".join(lines)
+
+
+async def _run(options: Namespace) -> int:
+    from gateway.cli import parse
+    from gateway.config.model import ClientConfig
+    from gateway.devtools.backends import serve_backend
+    from gateway.server.serve import serve
+    from gateway.transport.pool import ClientPool
+    from gateway.transport.resolve import resolve_target
+
+    config_dir = options.config or str(demo_config_dir())
+    color = sys.stdout.isatty()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(lambda task_status: serve_backend(port=DEMO_BACKEND_PORT, task_status=task_status))
+        gateway_options = parse(
+            ["--config", config_dir, "--bind", "127.0.0.1:0", "--drain-seconds", "0", "--log-level", "warning",
+             "--log-format", options.log_format]
+        ).options
+        running = await nursery.start(
+            lambda task_status: serve(gateway_options, handle_signals=False, task_status=task_status)
+        )
+        base = running.urls[0]
+        print(_paint("webhook-gateway demo", BOLD, color))
+        print(f"  gateway:          {base}  (config: {config_dir})")
+        print(f"  sample backends:  http://127.0.0.1:{DEMO_BACKEND_PORT}  (gateway/devtools/backends.py)\n")
+        async with ClientPool() as pool:
+            for i, (title, endpoint, obj) in enumerate(STEPS, start=1):
+                target = resolve_target(ClientConfig(url=f"{base}/{endpoint}"), None)
+                body = json.dumps(_review(obj)).encode()
+                started = trio.current_time()
+                resp = await pool.post(target, body=body, timeout_seconds=10)
+                ms = (trio.current_time() - started) * 1000
+                print(describe(i, title, endpoint, json.loads(resp.body), ms, color) + "\n")
+        print("Run the gateway yourself:  webhook-gateway --config config/webhooks --bind 127.0.0.1:8443")
+        running.shutdown()
+        nursery.cancel_scope.cancel()
+    return 0
+
+
+def run_demo(options: Namespace) -> int:
+    from gateway.observability import configure_logging
+
+    configure_logging("warning", options.log_format)
+    return trio.run(_run, options)
+
+

@@ -1,0 +1,1 @@
+"""The inbound rim: the ASGI application and the hypercorn server around it."""

@@ -1,0 +1,322 @@
+"""The ASGI application: /validate, /mutate, /healthz, /readyz, /metrics.
+
+Reads the body (bounded, TRN-13), decodes the inbound review (REV-01), takes the configuration
+snapshot the review will use from start to end (ORD-04), runs dispatch under the caller's deadline
+(FPT-07) and answers in the caller's version (REV-02). A caller that disconnects cancels its
+review's backend calls. Nothing a client or a backend does can raise out of here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import parse_qsl
+
+import structlog
+import trio
+
+from gateway.config.model import Snapshot
+from gateway.dispatch import status as statuses
+from gateway.dispatch.engine import Dispatcher, Verdict
+from gateway.dispatch.report import DispatchReport
+from gateway.errors import BadReview
+from gateway.matching import is_exempt, matching_error_status, not_ready_error
+from gateway.review import InboundReview, decode_inbound, encode_reply, encode_status
+from gateway.server.timeouts import parse_go_duration
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+log = structlog.get_logger("gateway.server")
+
+_JSON = [(b"content-type", b"application/json")]
+_TEXT = [(b"content-type", b"text/plain; charset=utf-8")]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    validate_path: str = "/validate"
+    mutate_path: str = "/mutate"
+    max_request_bytes: int = 32 * 1024 * 1024  # TRN-13: object + oldObject at 3 MiB each, and headroom
+    default_timeout_seconds: float = 10.0  # FPT-07 when ?timeout= is missing or unparseable
+    deadline_margin_seconds: float = 0.2  # FPT-07: answer this long before the caller gives up
+    readiness_wait_seconds: float = 10.0  # MAT-33
+
+
+class ReviewObserver(Protocol):
+    """Receives the facts of every request (metrics, logs). Must be cheap and must not raise."""
+
+    def review_started(self, endpoint: str) -> None: ...
+
+    def review_finished(
+        self,
+        endpoint: str,
+        *,
+        code: int,
+        seconds: float,
+        inbound: InboundReview | None,
+        verdict: Verdict | None,
+        error: str = "",
+        trace: str = "",
+    ) -> None: ...
+
+    def metrics(self) -> tuple[bytes, str] | None: ...
+
+
+class NullObserver:
+    """An observer that records nothing (tests, and `--no-metrics --log-level off`)."""
+
+    def review_started(self, endpoint: str) -> None:
+        pass
+
+    def review_finished(self, endpoint: str, **_: Any) -> None:
+        pass
+
+    def metrics(self) -> tuple[bytes, str] | None:
+        return None
+
+
+class Readiness:
+    """Ready means: a configuration is loaded and the namespace source (if needed) has synced.
+
+    ``draining`` flips /readyz to 503 at once on shutdown while reviews keep being served.
+    """
+
+    def __init__(self) -> None:
+        self.draining = False
+        self._checks: list[Callable[[], bool]] = []
+
+    def add_check(self, check: Callable[[], bool]) -> None:
+        self._checks.append(check)
+
+    @property
+    def ready(self) -> bool:
+        return all(check() for check in self._checks)
+
+
+class GatewayApp:
+    """The ASGI callable hypercorn serves."""
+
+    def __init__(
+        self,
+        *,
+        snapshot: Callable[[], Snapshot | None],
+        dispatcher: Dispatcher,
+        readiness: Readiness,
+        observer: ReviewObserver | None = None,
+        settings: ServerSettings | None = None,
+    ) -> None:
+        self.snapshot = snapshot
+        self.dispatcher = dispatcher
+        self.readiness = readiness
+        self.observer: ReviewObserver = observer or NullObserver()
+        self.settings = settings or ServerSettings()
+        self._endpoints = {self.settings.validate_path: "validating", self.settings.mutate_path: "mutating"}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self._http(scope, receive, send)
+        elif kind == "lifespan":
+            await _lifespan(receive, send)
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope["path"]
+        method: str = scope["method"]
+        endpoint = self._endpoints.get(path)
+        if endpoint is not None:
+            if method != "POST":
+                await _respond(
+                    send,
+                    405,
+                    encode_status(405, "MethodNotAllowed", f"{method} is not allowed on {path}: use POST"),
+                    _JSON,
+                    extra=[(b"allow", b"POST")],
+                )
+                return
+            await self._review(endpoint, scope, receive, send)
+            return
+        if method not in ("GET", "HEAD"):
+            await _respond(send, 405 if path in ("/healthz", "/readyz", "/metrics") else 404, b"", _TEXT)
+            return
+        if path == "/healthz":
+            await _respond(send, 200, b"ok\n", _TEXT)
+        elif path == "/readyz":
+            if self.readiness.draining:
+                await _respond(send, 503, b"draining\n", _TEXT)
+            elif not self.readiness.ready:
+                await _respond(send, 503, b"not ready\n", _TEXT)
+            else:
+                await _respond(send, 200, b"ok\n", _TEXT)
+        elif path == "/metrics" and (m := self.observer.metrics()) is not None:
+            body, content_type = m
+            await _respond(send, 200, body, [(b"content-type", content_type.encode())])
+        else:
+            await _respond(send, 404, encode_status(404, "NotFound", f"no such path: {path}"), _JSON)
+
+    async def _review(self, endpoint: str, scope: Scope, receive: Receive, send: Send) -> None:
+        arrived = trio.current_time()
+        self.observer.review_started(endpoint)
+        code, inbound, verdict, error = 500, None, None, ""
+        try:
+            try:
+                body = await self._read_body(scope, receive)
+            except _DisconnectedError:
+                code, error = 499, "caller disconnected while sending"
+                return
+            if body is None:
+                code, error = 413, f"request body exceeds {self.settings.max_request_bytes} bytes"
+                await _respond(send, 413, encode_status(413, "RequestEntityTooLarge", error), _JSON)
+                return
+            try:
+                inbound = decode_inbound(body)
+            except BadReview as exc:  # REV-01
+                code, error = 400, str(exc)
+                await _respond(send, 400, encode_status(400, "BadRequest", error), _JSON)
+                return
+            deadline = arrived + self._budget(scope) - self.settings.deadline_margin_seconds
+            verdict = await self._decide(endpoint, inbound, deadline, receive)
+            if verdict is None:  # the caller went away; nobody is listening
+                code, error = 499, "caller disconnected"
+                return
+            reply = encode_reply(
+                inbound,
+                allowed=verdict.allowed,
+                status=verdict.status,
+                patch=verdict.patch,
+                warnings=verdict.warnings,
+                audit_annotations=verdict.audit_annotations,
+            )
+            code = 200
+            await _respond(send, 200, reply, _JSON)
+        finally:
+            self.observer.review_finished(
+                endpoint,
+                code=code,
+                seconds=trio.current_time() - arrived,
+                inbound=inbound,
+                verdict=verdict,
+                error=error,
+                trace=_header(scope, b"traceparent"),
+            )
+
+    def _budget(self, scope: Scope) -> float:
+        """FPT-07: the caller's ``?timeout=`` (Go duration), else the configured default."""
+        qs: bytes = scope.get("query_string", b"")
+        if qs:
+            for key, value in parse_qsl(qs.decode("latin-1")):
+                if key == "timeout":
+                    seconds = parse_go_duration(value)
+                    if seconds is not None and seconds > 0:
+                        return seconds
+        return self.settings.default_timeout_seconds
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes | None:
+        """The whole request body, or None once it exceeds the limit (TRN-13)."""
+        limit = self.settings.max_request_bytes
+        declared = _header(scope, b"content-length")
+        if declared.isdigit() and int(declared) > limit:
+            return None
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                raise _DisconnectedError
+            chunk: bytes = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks) if len(chunks) != 1 else chunks[0]
+
+    async def _decide(
+        self, endpoint: str, inbound: InboundReview, deadline: float, receive: Receive
+    ) -> Verdict | None:
+        """Run dispatch while watching for the caller going away (then cancel everything)."""
+        result: list[Verdict] = []
+
+        async def watch_disconnect(cancel: trio.CancelScope) -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            cancel.cancel()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch_disconnect, nursery.cancel_scope)
+            result.append(await self._decide_now(endpoint, inbound, deadline))
+            nursery.cancel_scope.cancel()
+        return result[0] if result else None
+
+    async def _decide_now(self, endpoint: str, inbound: InboundReview, deadline: float) -> Verdict:
+        attrs = inbound.attributes
+        report = DispatchReport(kind=endpoint, operation=attrs.operation)  # type: ignore[arg-type]
+        if matching.is_exempt(
+            attrs, exclude_virtual_resources=self.dispatcher.settings.exclude_virtual_resources
+        ):
+            return Verdict(allowed=True, report=report)  # MAT-31/32 before readiness (MAT-33)
+        if not await self._wait_ready(deadline):
+            st = matching_error_status(not_ready_error(attrs))
+            report.allowed, report.deny_reason, report.denied_by = False, st.message, "not-ready"
+            return Verdict(allowed=False, status=st, report=report)
+        snapshot = self.snapshot()
+        assert snapshot is not None  # ready implies a snapshot
+        try:
+            if endpoint == "validating":
+                return await self.dispatcher.validate(inbound, snapshot, deadline=deadline)
+            return await self.dispatcher.mutate(inbound, snapshot, deadline=deadline)
+        except Exception as exc:
+            log.exception("dispatch failed", uid=inbound.uid, endpoint=endpoint)
+            st = statuses.internal_error_status(f"{endpoint} dispatch", str(exc) or type(exc).__name__)
+            report.allowed, report.deny_reason, report.denied_by = False, st.message, "gateway"
+            return Verdict(allowed=False, status=st, report=report)
+
+    async def _wait_ready(self, deadline: float) -> bool:
+        """MAT-33: wait (polling every 100 ms) up to min(10 s, budget) for readiness."""
+        if self.readiness.ready and self.snapshot() is not None:
+            return True
+        give_up = min(trio.current_time() + self.settings.readiness_wait_seconds, deadline)
+        while trio.current_time() < give_up:
+            await trio.sleep(min(0.1, max(0.0, give_up - trio.current_time())))
+            if self.readiness.ready and self.snapshot() is not None:
+                return True
+        return False
+
+
+class _DisconnectedError(Exception):
+    """The caller went away while sending its body."""
+
+
+def _header(scope: Scope, name: bytes) -> str:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return ""
+
+
+async def _respond(
+    send: Send,
+    status: int,
+    body: bytes,
+    headers: list[tuple[bytes, bytes]],
+    *,
+    extra: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    hdrs = [*headers, (b"content-length", str(len(body)).encode())]
+    if extra:
+        hdrs += extra
+    await send({"type": "http.response.start", "status": status, "headers": hdrs})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

@@ -1,0 +1,330 @@
+"""The composition root: load configuration, open the client pool, serve with hypercorn, drain.
+
+Everything long-lived is owned by one nursery: the backend client pool (and its HTTP/2 reader
+tasks), the configuration and certificate watchers, the namespace label source and the HTTP
+server(s). SIGTERM turns /readyz to 503 at once, keeps serving for ``--drain-seconds`` (endpoints
+take time to be removed), then stops accepting and lets in-flight reviews finish.
+"""
+
+from __future__ import annotations
+
+import signal
+import ssl
+from argparse import Namespace
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import structlog
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+
+from gateway.config.load import load_directory
+from gateway.config.model import Snapshot
+from gateway.dispatch.engine import Dispatcher, DispatchSettings
+from gateway.dispatch.ports import NamespaceNotFoundError
+from gateway.errors import ConfigError
+from gateway.server import hypercorn_fixes
+from gateway.server.app import GatewayApp, Readiness, ReviewObserver, ServerSettings
+
+log = structlog.get_logger("gateway.server")
+
+
+class ReloadableTLS:
+    """A server SSLContext whose certificate can be replaced in place (rotation without restart).
+
+    ``SSLContext.load_cert_chain`` on a live context changes the certificate for new handshakes;
+    established connections keep theirs.
+    """
+
+    def __init__(self, certfile: str, keyfile: str, client_ca: str | None) -> None:
+        self.certfile, self.keyfile = certfile, keyfile
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.options |= ssl.OP_NO_COMPRESSION
+        ctx.set_alpn_protocols(["h2", "http/1.1"])
+        if client_ca:
+            ctx.load_verify_locations(client_ca)
+            ctx.verify_mode = ssl.CERT_REQUIRED  # TRN-14: the apiserver must present a client cert
+        ctx.load_cert_chain(certfile, keyfile)
+        self.context = ctx
+
+    def reload(self) -> None:
+        """Load the files again; a broken pair keeps the old certificate (and raises)."""
+        self.context.load_cert_chain(self.certfile, self.keyfile)
+
+
+class _HypercornConfig(HypercornConfig):
+    """hypercorn's Config, handing out our reloadable SSLContext instead of building its own."""
+
+    tls: ReloadableTLS | None = None
+
+    def create_ssl_context(self) -> ssl.SSLContext | None:
+        return self.tls.context if self.tls is not None else None
+
+    @property
+    def ssl_enabled(self) -> bool:
+        return self.tls is not None
+
+
+def hypercorn_config(bind: str, *, tls: ReloadableTLS | None, shutdown_timeout: float) -> HypercornConfig:
+    """Tuned for long-lived apiserver connections (see README "Performance")."""
+    cfg = _HypercornConfig()
+    cfg.tls = tls
+    cfg.bind = [bind]
+    cfg.accesslog = None  # the canonical review line is the access log
+    cfg.errorlog = "-"
+    # hypercorn closes a connection after 1,000 requests by default (for HTTP/2 too); kube-apiserver
+    # keeps connections for a long time, and reconnecting costs a TLS handshake per 1,000 reviews.
+    cfg.keep_alive_max_requests = 2**31
+    cfg.keep_alive_timeout = 120.0  # > the apiserver's 90 s idle-connection timeout
+    cfg.h2_max_concurrent_streams = 250
+    cfg.ssl_handshake_timeout = 10.0
+    cfg.graceful_timeout = shutdown_timeout
+    cfg.backlog = 1024
+    return cfg
+
+
+@dataclass
+class Running:
+    """What the started server reports to ``nursery.start`` callers (tests, demo)."""
+
+    urls: list[str]
+    metrics_urls: list[str]
+    app: GatewayApp
+    shutdown: Callable[[], None]
+
+
+async def serve(
+    options: Namespace,
+    *,
+    observer: ReviewObserver | None = None,
+    handle_signals: bool = True,
+    task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the gateway until SIGTERM/SIGINT (or ``Running.shutdown()``), then drain and return."""
+    from gateway.sources.configdir import ConfigStore, fingerprint, watch_config_dir, watch_files
+    from gateway.transport.caller import BackendCaller
+    from gateway.transport.credentials import CredentialStore
+    from gateway.transport.pool import ClientPool
+
+    hypercorn_fixes.install()
+    strict = bool(options.strict_https)
+
+    def load(generation: int) -> Snapshot:
+        return load_directory(options.config, strict_https=strict, generation=generation)
+
+    baseline = fingerprint(Path(options.config))  # taken first, so no change before the watch is missed
+    try:
+        first = load(1)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            log.error("configuration refused", problem=str(problem))
+        raise
+    for problem in first.warnings:
+        log.warning("configuration warning", problem=str(problem))
+    store = ConfigStore(first)
+    if observer is not None and hasattr(observer, "config_reloaded"):
+        observer.config_reloaded(ok=True, snapshot=first, problems=list(first.warnings))
+
+    credentials = CredentialStore.load(options.backend_kubeconfig) if options.backend_kubeconfig else None
+    tls = ReloadableTLS(options.certfile, options.keyfile, options.client_ca) if options.certfile else None
+    readiness = Readiness()
+    shutdown_requested = trio.Event()
+
+    async with (
+        ClientPool(
+            max_connections_per_origin=options.max_connections_per_backend,
+            max_response_bytes=options.max_backend_response_bytes,
+        ) as pool,
+        trio.open_nursery() as nursery,
+    ):
+        caller = BackendCaller(pool, credentials)
+        source = await _namespace_source(nursery, options, store)
+        namespaces = _NamespaceLabels(source)
+        # MAT-33: ready once a configuration is loaded and, if any backend needs namespace labels,
+        # the namespace source has synced.
+        readiness.add_check(lambda: source.ready or not _needs_namespaces(store.snapshot))
+        dispatcher = Dispatcher(
+            caller,
+            namespaces,
+            DispatchSettings(
+                patch_mode=options.patch_mode,
+                audit_patches=options.audit_patches,
+                exclude_virtual_resources=not options.include_virtual_resources,
+            ),
+        )
+        app = GatewayApp(
+            snapshot=lambda: store.snapshot,
+            dispatcher=dispatcher,
+            readiness=readiness,
+            observer=observer,
+            settings=ServerSettings(
+                validate_path=options.validate_path,
+                mutate_path=options.mutate_path,
+                max_request_bytes=options.max_request_bytes,
+                default_timeout_seconds=options.default_timeout,
+                deadline_margin_seconds=options.deadline_margin,
+            ),
+        )
+        if observer is not None and hasattr(observer, "watch_pool"):
+            observer.watch_pool(pool)
+
+        def on_reload(result: str, problems: Sequence[Any]) -> None:
+            snapshot = store.snapshot
+            if result == "failure":
+                for problem in problems:
+                    log.error("configuration reload refused; keeping the last good one", problem=str(problem))
+            else:
+                for problem in problems:
+                    log.warning("configuration warning", problem=str(problem))
+                log.info(
+                    "configuration reloaded",
+                    generation=snapshot.generation,
+                    validating=len(snapshot.validating),
+                    mutating=len(snapshot.mutating),
+                )
+            if observer is not None and hasattr(observer, "config_reloaded"):
+                observer.config_reloaded(ok=result == "success", snapshot=snapshot, problems=list(problems))
+
+        await nursery.start(
+            partial(
+                watch_config_dir,
+                Path(options.config),
+                store,
+                lambda _path, generation: load(generation),
+                interval=options.config_poll_seconds,
+                on_reload=on_reload,
+                baseline=baseline,
+            )
+        )
+        if tls is not None:
+            await nursery.start(
+                partial(
+                    watch_files,
+                    [Path(tls.certfile), Path(tls.keyfile)],
+                    _reload_tls(tls),
+                    interval=options.config_poll_seconds,
+                )
+            )
+
+        stop_serving = trio.Event()
+        main_cfg = hypercorn_config(options.bind, tls=tls, shutdown_timeout=options.shutdown_timeout)
+        urls: list[str] = await nursery.start(_serve_app, app, main_cfg, stop_serving.wait)
+        metrics_urls: list[str] = []
+        if options.metrics_bind:
+            metrics_cfg = hypercorn_config(options.metrics_bind, tls=None, shutdown_timeout=1.0)
+            metrics_urls = await nursery.start(_serve_app, _MetricsOnly(app), metrics_cfg, stop_serving.wait)
+        log.info(
+            "serving",
+            urls=urls,
+            metrics=metrics_urls,
+            config=options.config,
+            validating=len(first.validating),
+            mutating=len(first.mutating),
+        )
+        task_status.started(Running(urls, metrics_urls, app, shutdown_requested.set))
+
+        if handle_signals:
+            nursery.start_soon(_wait_for_signal, shutdown_requested)
+        await shutdown_requested.wait()
+        readiness.draining = True  # /readyz → 503 at once; keep serving while endpoints update
+        log.info("shutting down: draining", drain_seconds=options.drain_seconds)
+        await trio.sleep(options.drain_seconds)
+        stop_serving.set()  # hypercorn stops accepting and waits for in-flight reviews
+        with trio.move_on_after(options.shutdown_timeout + 1.0):
+            await _wait_servers_done(nursery)
+        nursery.cancel_scope.cancel()
+    log.info("stopped")
+
+
+async def _serve_app(
+    app: Any,
+    cfg: HypercornConfig,
+    shutdown_trigger: Callable[[], Awaitable[Any]],
+    *,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    await hypercorn_serve(app, cfg, shutdown_trigger=shutdown_trigger, task_status=task_status)
+
+
+async def _wait_servers_done(nursery: trio.Nursery) -> None:
+    # The hypercorn tasks return once drained; the watchers never return on their own.
+    while any(t.name.endswith("_serve_app") for t in nursery.child_tasks):
+        await trio.sleep(0.05)
+
+
+def _reload_tls(tls: ReloadableTLS) -> Callable[[Sequence[Path]], None]:
+    def reload(_changed: Sequence[Path]) -> None:
+        try:
+            tls.reload()
+            log.info("serving certificate reloaded", certfile=tls.certfile)
+        except (OSError, ssl.SSLError) as exc:
+            log.error("serving certificate reload failed; keeping the old one", error=str(exc))
+
+    return reload
+
+
+async def _wait_for_signal(event: trio.Event) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for _ in signals:
+            event.set()
+            return
+
+
+def _needs_namespaces(snapshot: Snapshot) -> bool:
+    return any(not h.namespace_selector.is_empty for h in (*snapshot.validating, *snapshot.mutating))
+
+
+async def _namespace_source(nursery: trio.Nursery, options: Namespace, store: Any) -> Any:
+    """GW-01: Namespace objects from the config directory, or a list+watch of the cluster's."""
+    from gateway.sources.namespaces import ClusterNamespaces, FileNamespaces
+
+    if options.namespace_source != "cluster":
+        return FileNamespaces(store, unknown_namespace=options.unknown_namespace)
+    from gateway.sources.kube import KubeClient, in_cluster_config, load_kubeconfig
+
+    config = load_kubeconfig(Path(options.kubeconfig)) if options.kubeconfig else in_cluster_config()
+    source = ClusterNamespaces(KubeClient(config))
+    nursery.start_soon(source.run)  # readiness waits for its first list (MAT-33)
+    return source
+
+
+class _NamespaceLabels:
+    """Adapts a namespace label source to dispatch's port (NOT_FOUND → NamespaceNotFoundError)."""
+
+    def __init__(self, source: Any) -> None:
+        from gateway.sources.namespaces import NOT_FOUND
+
+        self._source = source
+        self._not_found = NOT_FOUND
+
+    async def labels(self, name: str) -> Mapping[str, str]:
+        found = await self._source.labels(name)
+        if found is self._not_found:
+            raise NamespaceNotFoundError(name)
+        return found  # type: ignore[no-any-return]
+
+
+class _MetricsOnly:
+    """The metrics listener: /metrics, /healthz and /readyz only."""
+
+    def __init__(self, app: GatewayApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] not in ("/metrics", "/healthz", "/readyz"):
+            body = b"not found\n"
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 404,
+                    "headers": [(b"content-length", str(len(body)).encode())],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self.app(scope, receive, send)

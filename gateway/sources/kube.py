@@ -1,0 +1,526 @@
+"""A minimal Kubernetes API client: how the gateway reads its own cluster (GW-01).
+
+Only what the namespace label source needs: GET (a list or one object) and a streaming watch, over
+HTTP/1.1 (h11) on trio, TLS verified against the cluster CA. Credentials come from the pod's service
+account (in-cluster) or from a kubeconfig file. There is no connection reuse: a list or GET happens
+at start-up, after a watch expires, or on a rare cache miss, and a watch holds its connection for
+minutes, so a pool would buy nothing.
+
+Every network await runs under a deadline: connecting (``connect_timeout``), a whole GET
+(``request_timeout``), and the gap between two reads of a watch (``idle_timeout``).
+"""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import os
+import ssl
+import tempfile
+import urllib.parse
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import h11
+import msgspec
+import trio
+import yaml
+
+from gateway import __version__
+from gateway.errors import GatewayError
+
+SERVICE_ACCOUNT_DIR: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+USER_AGENT: Final = f"webhook-gateway/{__version__}"
+_READ_SIZE: Final = 65536
+
+
+class KubeConfigError(GatewayError):
+    """The in-cluster environment or the kubeconfig file cannot be used."""
+
+
+class KubeError(GatewayError):
+    """A request to the Kubernetes API failed; ``str()`` is a Go-like ``Get "<url>": <cause>``."""
+
+
+class KubeTransportError(KubeError):
+    """No answer: connecting, TLS, a broken or truncated stream, or a deadline."""
+
+
+class KubeAPIError(KubeError):
+    """The API server answered with a non-2xx status (or a watch ``ERROR`` event).
+
+    ``code``/``reason``/``message`` come from the ``Status`` object in the body when there is one.
+    """
+
+    def __init__(self, text: str, *, code: int, reason: str = "", message: str = "") -> None:
+        self.code = code
+        self.reason = reason
+        self.message = message
+        super().__init__(text)
+
+
+class APIStatus(msgspec.Struct, kw_only=True):
+    """The ``meta/v1`` Status the API server sends as an error body and in ``ERROR`` watch events."""
+
+    kind: str = ""
+    status: str = ""
+    message: str = ""
+    reason: str = ""
+    code: int = 0
+
+
+_status_decoder: Final = msgspec.json.Decoder(APIStatus)
+
+
+def decode_status(body: bytes) -> APIStatus | None:
+    """The Status in ``body``, or ``None`` when the body is not one (a proxy's HTML page ...)."""
+    try:
+        status = _status_decoder.decode(body)
+    except msgspec.DecodeError:
+        return None
+    return status if status.kind == "Status" else None
+
+
+# --- credentials ---------------------------------------------------------------------------------
+
+
+class TokenFile:
+    """A bearer token file, re-read whenever it changes.
+
+    Projected service-account tokens are rotated by the kubelet (about hourly) by replacing the file;
+    checking (mtime, size, inode) on every request costs one stat and never sends an expired token
+    longer than needed.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._key: tuple[int, int, int] | None = None
+        self._token = ""
+
+    def read(self) -> str:
+        try:
+            st = self.path.stat()
+            key = (st.st_mtime_ns, st.st_size, st.st_ino)
+            if key != self._key:
+                self._token = self.path.read_text(encoding="utf-8").strip()
+                self._key = key
+        except OSError as exc:
+            raise KubeTransportError(f"reading token file {self.path}: {exc.strerror or exc}") from exc
+        return self._token
+
+
+@dataclass(frozen=True, slots=True)
+class KubeConfig:
+    """Where the API server is and how to authenticate to it."""
+
+    server: str  # "https://host:port[/prefix]"
+    ssl_context: ssl.SSLContext | None  # None only for a plain-http server (tests, kubectl proxy)
+    tls_server_name: str | None = None
+    token: str | None = None
+    token_file: TokenFile | None = None
+    basic_auth: tuple[str, str] | None = None
+    namespace: str = "default"
+
+    def authorization(self) -> str | None:
+        """The ``Authorization`` header value for the next request, if any."""
+        if self.token_file is not None:
+            return f"Bearer {self.token_file.read()}"
+        if self.token:
+            return f"Bearer {self.token}"
+        if self.basic_auth is not None:
+            raw = f"{self.basic_auth[0]}:{self.basic_auth[1]}".encode()
+            return f"Basic {base64.b64encode(raw).decode()}"
+        return None
+
+
+def _client_ssl_context(
+    *,
+    ca_pem: str | None,
+    cert_pem: bytes | None = None,
+    key_pem: bytes | None = None,
+    insecure: bool = False,
+) -> ssl.SSLContext:
+    """A TLS client context; a configured CA replaces the system roots, as in client-go."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_alpn_protocols(["http/1.1"])
+    if insecure:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    elif ca_pem:
+        ctx.load_verify_locations(cadata=ca_pem)
+    else:
+        ctx.load_default_certs()
+    if cert_pem is not None and key_pem is not None:
+        # ssl can only load a certificate chain from files: write both to a private temporary
+        # directory, load, and remove them at once.
+        with tempfile.TemporaryDirectory(prefix="webhook-gateway-kube-") as tmp:
+            cert_path, key_path = Path(tmp, "tls.crt"), Path(tmp, "tls.key")
+            cert_path.write_bytes(cert_pem)
+            key_path.touch(mode=0o600)
+            key_path.write_bytes(key_pem)
+            ctx.load_cert_chain(cert_path, key_path)
+    return ctx
+
+
+def in_cluster_config(
+    environ: Mapping[str, str] | None = None,
+    service_account_dir: Path = SERVICE_ACCOUNT_DIR,
+) -> KubeConfig:
+    """The pod's own API access: ``KUBERNETES_SERVICE_HOST/PORT``, its token and CA files."""
+    env = os.environ if environ is None else environ
+    host, port = env.get("KUBERNETES_SERVICE_HOST", ""), env.get("KUBERNETES_SERVICE_PORT", "")
+    if not host or not port:
+        raise KubeConfigError(
+            "not running in a cluster: KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT must be set"
+        )
+    token = service_account_dir / "token"
+    ca = service_account_dir / "ca.crt"
+    try:
+        ca_pem = ca.read_text(encoding="ascii")
+        namespace_file = service_account_dir / "namespace"
+        namespace = namespace_file.read_text().strip() if namespace_file.exists() else "default"
+        if not token.exists():
+            raise KubeConfigError(f"service account token file {token} does not exist")
+        ctx = _client_ssl_context(ca_pem=ca_pem)
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        raise KubeConfigError(f"in-cluster configuration: {exc}") from exc
+    return KubeConfig(
+        server=f"https://{_join_host_port(host, int(port))}",
+        ssl_context=ctx,
+        token_file=TokenFile(token),
+        namespace=namespace,
+    )
+
+
+def load_kubeconfig(path: Path, *, context: str | None = None) -> KubeConfig:
+    """The cluster and user of ``context`` (default: current-context) in a kubeconfig file.
+
+    Supported user entries: ``token``, ``tokenFile``, ``client-certificate(-data)`` with
+    ``client-key(-data)``, ``username``/``password``. ``exec`` and ``auth-provider`` are refused.
+    Relative file names are relative to the kubeconfig file, as in kubectl.
+    """
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise KubeConfigError(f"{path}: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise KubeConfigError(f"{path}: not a kubeconfig file")
+    ctx_name = context or doc.get("current-context") or ""
+    ctx = _named(doc, "contexts", "context", ctx_name, path)
+    cluster = _named(doc, "clusters", "cluster", str(ctx.get("cluster", "")), path)
+    user_name = str(ctx.get("user", ""))
+    user = _named(doc, "users", "user", user_name, path) if user_name else {}
+    base = path.parent
+
+    def data_or_file(entry: Mapping[str, Any], key: str) -> bytes | None:
+        if entry.get(f"{key}-data"):
+            try:
+                return base64.b64decode(str(entry[f"{key}-data"]), validate=True)
+            except ValueError as exc:
+                raise KubeConfigError(f"{path}: {key}-data is not base64: {exc}") from exc
+        if entry.get(key):
+            try:
+                return (base / str(entry[key])).read_bytes()
+            except OSError as exc:
+                raise KubeConfigError(f"{path}: {key}: {exc}") from exc
+        return None
+
+    for unsupported in ("exec", "auth-provider"):
+        if user.get(unsupported):
+            raise KubeConfigError(f'{path}: user "{user_name}": {unsupported} is not supported')
+    server = str(cluster.get("server", ""))
+    scheme = urllib.parse.urlsplit(server).scheme
+    if scheme not in ("https", "http"):
+        raise KubeConfigError(f'{path}: cluster server "{server}" must be an https URL')
+    ssl_context = None
+    if scheme == "https":
+        ca = data_or_file(cluster, "certificate-authority")
+        cert = data_or_file(user, "client-certificate")
+        key = data_or_file(user, "client-key")
+        if (cert is None) != (key is None):
+            raise KubeConfigError(f'{path}: user "{user_name}": client certificate and key go together')
+        try:
+            ssl_context = _client_ssl_context(
+                ca_pem=ca.decode("ascii") if ca else None,
+                cert_pem=cert,
+                key_pem=key,
+                insecure=bool(cluster.get("insecure-skip-tls-verify")),
+            )
+        except (ssl.SSLError, ValueError, OSError) as exc:
+            raise KubeConfigError(f"{path}: TLS settings: {exc}") from exc
+    token_file = TokenFile(base / str(user["tokenFile"])) if user.get("tokenFile") else None
+    basic = (str(user["username"]), str(user.get("password", ""))) if user.get("username") else None
+    return KubeConfig(
+        server=server.rstrip("/"),
+        ssl_context=ssl_context,
+        tls_server_name=str(cluster["tls-server-name"]) if cluster.get("tls-server-name") else None,
+        token=str(user["token"]) if user.get("token") else None,
+        token_file=token_file,
+        basic_auth=basic,
+        namespace=str(ctx.get("namespace") or "default"),
+    )
+
+
+def _named(doc: Mapping[str, Any], section: str, key: str, name: str, path: Path) -> dict[str, Any]:
+    for entry in doc.get(section) or ():
+        if isinstance(entry, dict) and entry.get("name") == name and isinstance(entry.get(key), dict):
+            return entry[key]  # type: ignore[no-any-return]
+    raise KubeConfigError(f'{path}: no {key} named "{name}"')
+
+
+def _join_host_port(host: str, port: int) -> str:
+    try:
+        if ipaddress.ip_address(host).version == 6:
+            return f"[{host}]:{port}"
+    except ValueError:
+        pass
+    return f"{host}:{port}"
+
+
+# --- the client ----------------------------------------------------------------------------------
+
+
+class _Exchange:
+    """One HTTP/1.1 request/response over its own connection (h11 over a trio stream)."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        self.conn = h11.Connection(h11.CLIENT)
+
+    async def send(self, request: h11.Request) -> None:
+        await self.stream.send_all(self.conn.send(request) or b"")
+        await self.stream.send_all(self.conn.send(h11.EndOfMessage()) or b"")
+
+    async def _next_event(self) -> h11.Event:
+        while True:
+            event = self.conn.next_event()
+            if event is h11.NEED_DATA:
+                self.conn.receive_data(bytes(await self.stream.receive_some(_READ_SIZE)))
+            elif event is h11.PAUSED:
+                raise h11.RemoteProtocolError("unexpected data after the response")
+            else:
+                assert isinstance(event, h11.Event)
+                return event
+
+    async def receive_response(self) -> h11.Response:
+        event = await self._next_event()
+        while isinstance(event, h11.InformationalResponse):
+            event = await self._next_event()
+        if not isinstance(event, h11.Response):
+            raise h11.RemoteProtocolError(f"unexpected {type(event).__name__} before the response")
+        return event
+
+    async def receive_data(self) -> bytes | None:
+        """The next piece of the body, ``None`` at its end; a truncated body is an error."""
+        event = await self._next_event()
+        if isinstance(event, h11.Data):
+            return bytes(event.data)
+        if isinstance(event, h11.EndOfMessage):
+            return None
+        raise h11.RemoteProtocolError("unexpected EOF")  # ConnectionClosed before EndOfMessage
+
+
+class WatchStream:
+    """The lines of a watch response: one JSON-encoded ``WatchEvent`` per line.
+
+    ``receive_line()`` returns ``None`` when the server ends the watch (``timeoutSeconds`` passed);
+    a broken connection, a truncated chunk or ``idle_timeout`` seconds without data raise
+    ``KubeTransportError``.
+    """
+
+    def __init__(self, exchange: _Exchange, url: str, *, idle_timeout: float, max_line_bytes: int) -> None:
+        self._exchange = exchange
+        self._url = url
+        self._idle_timeout = idle_timeout
+        self._max_line_bytes = max_line_bytes
+        self._buffer = bytearray()
+        self._ended = False
+
+    async def receive_line(self) -> bytes | None:
+        while True:
+            newline = self._buffer.find(b"\n")
+            if newline >= 0:
+                line = bytes(self._buffer[:newline]).strip()
+                del self._buffer[: newline + 1]
+                if line:
+                    return line
+                continue
+            if self._ended:
+                line = bytes(self._buffer).strip()
+                self._buffer.clear()
+                return line or None
+            if len(self._buffer) > self._max_line_bytes:
+                limit = self._max_line_bytes
+                raise KubeTransportError(f'Get "{self._url}": watch event exceeds {limit} bytes')
+            with _mapped_errors("Get", self._url), trio.fail_after(self._idle_timeout):
+                data = await self._exchange.receive_data()
+            if data is None:
+                self._ended = True
+            else:
+                self._buffer += data
+
+    def __aiter__(self) -> WatchStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        line = await self.receive_line()
+        if line is None:
+            raise StopAsyncIteration
+        return line
+
+
+@contextmanager
+def _mapped_errors(method: str, url: str) -> Iterator[None]:
+    """Map foreign I/O exceptions to ``KubeTransportError`` once, at the boundary."""
+    try:
+        yield
+    except trio.TooSlowError as exc:
+        raise KubeTransportError(f'{method} "{url}": context deadline exceeded') from exc
+    except (OSError, trio.BrokenResourceError, h11.ProtocolError) as exc:
+        cause = exc.__cause__ if isinstance(exc, trio.BrokenResourceError) and exc.__cause__ else exc
+        text = str(cause) or type(cause).__name__
+        raise KubeTransportError(f'{method} "{url}": {text}') from exc
+
+
+class KubeClient:
+    """GET and watch requests to one API server; stateless apart from the configuration."""
+
+    def __init__(
+        self,
+        config: KubeConfig,
+        *,
+        connect_timeout: float = 10.0,
+        request_timeout: float = 30.0,
+        max_body_bytes: int = 64 << 20,
+    ) -> None:
+        self.config = config
+        self.connect_timeout = connect_timeout
+        self.request_timeout = request_timeout
+        self.max_body_bytes = max_body_bytes
+        parts = urllib.parse.urlsplit(config.server)
+        self._scheme = parts.scheme
+        self._host = parts.hostname or ""
+        self._port = parts.port or (443 if parts.scheme == "https" else 80)
+        self._prefix = parts.path.rstrip("/")
+        default_port = 443 if parts.scheme == "https" else 80
+        if self._port != default_port:
+            self._host_header = _join_host_port(self._host, self._port)
+        else:
+            self._host_header = f"[{self._host}]" if ":" in self._host else self._host
+
+    def __repr__(self) -> str:
+        return f"<KubeClient {self.config.server}>"
+
+    def url(self, path: str, query: Mapping[str, str] | None = None) -> str:
+        """The full URL of ``path`` (``/api/v1/...``) with its query string."""
+        target = self._target(path, query)
+        return f"{self._scheme}://{self._host_header}{target}"
+
+    def _target(self, path: str, query: Mapping[str, str] | None) -> str:
+        target = self._prefix + path
+        if query:
+            target += "?" + urllib.parse.urlencode(query)
+        return target
+
+    def _request(self, path: str, query: Mapping[str, str] | None) -> h11.Request:
+        headers = [
+            ("Host", self._host_header),
+            ("Accept", "application/json"),
+            ("User-Agent", USER_AGENT),
+        ]
+        authorization = self.config.authorization()
+        if authorization:
+            headers.append(("Authorization", authorization))
+        return h11.Request(method="GET", target=self._target(path, query), headers=headers)
+
+    async def _connect(self) -> trio.abc.Stream:
+        with trio.fail_after(self.connect_timeout):
+            tcp = await trio.open_tcp_stream(self._host, self._port)
+            if self.config.ssl_context is None:
+                return tcp
+            tls = trio.SSLStream(
+                tcp,
+                self.config.ssl_context,
+                server_hostname=self.config.tls_server_name or self._host,
+                https_compatible=True,
+            )
+            try:
+                await tls.do_handshake()
+            except BaseException:
+                await trio.aclose_forcefully(tls)
+                raise
+            return tls
+
+    async def _open(self, url: str, request: h11.Request) -> _Exchange:
+        """Connect, send ``request`` and read the response head; a non-2xx status raises."""
+        with _mapped_errors("Get", url):
+            stream = await self._connect()
+        try:
+            exchange = _Exchange(stream)
+            with _mapped_errors("Get", url):
+                await exchange.send(request)
+                response = await exchange.receive_response()
+                ok = 200 <= response.status_code < 300
+                error_body = b"" if ok else await self._read_body(exchange, url)
+        except BaseException:
+            await trio.aclose_forcefully(stream)
+            raise
+        if not ok:
+            await trio.aclose_forcefully(stream)
+            raise _api_error(url, response.status_code, error_body)
+        return exchange
+
+    async def _read_body(self, exchange: _Exchange, url: str) -> bytes:
+        body = bytearray()
+        while (data := await exchange.receive_data()) is not None:
+            body += data
+            if len(body) > self.max_body_bytes:
+                raise KubeTransportError(f'Get "{url}": response body exceeds {self.max_body_bytes} bytes')
+        return bytes(body)
+
+    async def get(self, path: str, query: Mapping[str, str] | None = None) -> bytes:
+        """The body of a 2xx reply to ``GET path?query``; ``KubeAPIError`` for any other status."""
+        url = self.url(path, query)
+        request = self._request(path, query)
+        with trio.move_on_after(self.request_timeout):
+            exchange = await self._open(url, request)
+            try:
+                with _mapped_errors("Get", url):
+                    return await self._read_body(exchange, url)
+            finally:
+                await trio.aclose_forcefully(exchange.stream)
+        raise KubeTransportError(f'Get "{url}": context deadline exceeded')
+
+    @asynccontextmanager
+    async def watch(
+        self, path: str, query: Mapping[str, str], *, idle_timeout: float
+    ) -> AsyncIterator[WatchStream]:
+        """Open a watch (``query`` should hold ``watch=1``); the stream's lines are watch events.
+
+        Opening is bounded by ``request_timeout``; afterwards each read by ``idle_timeout``.
+        A non-2xx status (e.g. 410 Gone) raises ``KubeAPIError`` before anything is yielded.
+        """
+        url = self.url(path, query)
+        request = self._request(path, query)
+        exchange: _Exchange | None = None
+        with trio.move_on_after(self.request_timeout):
+            exchange = await self._open(url, request)
+        if exchange is None:
+            raise KubeTransportError(f'Get "{url}": context deadline exceeded')
+        try:
+            yield WatchStream(exchange, url, idle_timeout=idle_timeout, max_line_bytes=self.max_body_bytes)
+        finally:
+            await trio.aclose_forcefully(exchange.stream)
+
+
+def _api_error(url: str, code: int, body: bytes) -> KubeAPIError:
+    status = decode_status(body)
+    if status is not None and status.message:
+        return KubeAPIError(status.message, code=code, reason=status.reason, message=status.message)
+    text = body.decode("utf-8", "replace").strip()[:200]
+    message = f"the server responded with status {code}" + (f": {text}" if text else "")
+    return KubeAPIError(f'Get "{url}": {message}', code=code, reason=status.reason if status else "")

@@ -1,0 +1,178 @@
+"""Where and how to call a backend: ``ClientConfig`` → ``Target`` (TRN-01..08, FPT-06).
+
+First step of the transport: the dispatcher hands over a backend's ``clientConfig``; this module
+fixes the URL, the TLS server name, the TLS context, the credentials headers and the pool key
+(``Origin``). Targets are cached per (clientConfig, credential store), so a call costs a lookup.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import math
+import ssl
+from dataclasses import dataclass, field
+from typing import Literal
+from urllib.parse import urlsplit
+
+from gateway.config.model import ClientConfig
+from gateway.errors import ClientConfigError
+from gateway.transport.credentials import CredentialStore, Header
+from gateway.transport.tls import client_ssl_context, tls_identity
+
+Scheme = Literal["http", "https"]
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """The pool key: connections are shared only between calls with equal origins (TRN-08)."""
+
+    scheme: Scheme
+    host: str
+    port: int
+    tls: str = ""  # digest of the TLS settings ("" for plain http)
+    credentials: str = ""  # digest of the credentials ("" for none)
+
+    def __str__(self) -> str:
+        return f"{self.scheme}://{_hostport(self.host, self.port)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A resolved backend endpoint: everything needed to open connections and send a call."""
+
+    scheme: Scheme
+    host: str  # lower-case, IPv6 without brackets: what is connected to
+    port: int
+    path: str  # TRN-03 normalised
+    authority: str  # host[:port] as written in the URL: used in URLs and the Host header
+    server_hostname: str | None  # TLS server name (TRN-06); None for plain http
+    origin: Origin
+    http2_allowed: bool
+    ssl_context: ssl.SSLContext | None = field(default=None, compare=False, repr=False)
+    auth_headers: tuple[Header, ...] = field(default=(), compare=False, repr=False)
+
+    def request_target(self, timeout_seconds: float) -> str:
+        """Path and query sent on the wire: ``<path>?timeout=<d>`` (FPT-06, TRN-04)."""
+        return f"{self.path}?timeout={go_duration(timeout_ceiling(timeout_seconds))}"
+
+    def url_for(self, timeout_seconds: float) -> str:
+        """The full URL of a call with this much time left, as printed in errors (ERR-06)."""
+        return f"{self.scheme}://{self.authority}{self.request_target(timeout_seconds)}"
+
+
+def timeout_ceiling(timeout_seconds: float) -> int:
+    """Remaining time rounded up to whole seconds (FPT-06); never negative."""
+    return max(0, math.ceil(timeout_seconds))
+
+
+def go_duration(seconds: int) -> str:
+    """Whole seconds in Go's ``time.Duration.String`` format: ``59s``, ``1m0s``, ``1h0m0s``."""
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, secs = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{secs}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes}m{secs}s"
+
+
+def normalize_path(path: str) -> str:
+    """POSIX path cleaning (TRN-03): leading ``/``, no ``//``, ``.``/``..`` resolved, no trailing ``/``."""
+    # upstream: Go path.Join/Clean via rest.Config APIPath; ".." never climbs above the root.
+    segments: list[str] = []
+    for segment in path.split("/"):
+        if segment in ("", "."):
+            continue
+        if segment == "..":
+            if segments:
+                segments.pop()
+            continue
+        segments.append(segment)
+    return "/" + "/".join(segments)
+
+
+def is_loopback_host(host: str) -> bool:
+    """``localhost`` (any case), 127.0.0.0/8 or ``::1``: the hosts that may speak HTTP/2 (TRN-08)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def resolve_target(client_config: ClientConfig, credentials: CredentialStore | None) -> Target:
+    """The call target of a backend; ``ClientConfigError`` if its caBundle or credentials are unusable.
+
+    Results (and failures) are cached per (client_config, credentials): resolving is a dict lookup
+    after the first call, and no ``SSLContext`` is ever built per call.
+    """
+    result = _resolve_cached(client_config, credentials)
+    if isinstance(result, ClientConfigError):
+        raise result
+    return result
+
+
+@functools.lru_cache(maxsize=4096)
+def _resolve_cached(
+    client_config: ClientConfig, credentials: CredentialStore | None
+) -> Target | ClientConfigError:
+    try:
+        return _resolve(client_config, credentials)
+    except ClientConfigError as exc:
+        return exc
+
+
+def _resolve(client_config: ClientConfig, credentials: CredentialStore | None) -> Target:
+    scheme: Scheme
+    if client_config.service is not None:
+        service = client_config.service
+        host = f"{service.name}.{service.namespace}.svc"
+        scheme, port = "https", service.port
+        authority = f"{host}:{port}"
+        path = normalize_path(service.path or "/")
+        server_hostname: str | None = host
+        http2_allowed = False  # TRN-08: service names are never loopback
+    elif client_config.url is not None:
+        parts = urlsplit(client_config.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ClientConfigError(f"invalid url {client_config.url!r}")
+        scheme = "https" if parts.scheme == "https" else "http"
+        try:
+            explicit_port = parts.port
+        except ValueError as exc:
+            raise ClientConfigError(f"invalid port in url {client_config.url!r}") from exc
+        host = parts.hostname.lower()
+        port = explicit_port or (443 if scheme == "https" else 80)
+        authority = parts.netloc
+        path = normalize_path(parts.path)
+        server_hostname = host if scheme == "https" else None
+        http2_allowed = is_loopback_host(host)
+    else:
+        raise ClientConfigError("exactly one of url or service is required")
+
+    found = credentials.lookup(host, port) if credentials is not None else None
+    client_cert = found.client_cert if found is not None else None
+    context = None
+    tls = ""
+    if scheme == "https":
+        context = client_ssl_context(client_config.ca_bundle, client_cert, http2_allowed=http2_allowed)
+        tls = tls_identity(client_config.ca_bundle, client_cert, http2_allowed=http2_allowed)
+    origin = Origin(scheme, host, port, tls, found.identity if found is not None else "")
+    return Target(
+        scheme=scheme,
+        host=host,
+        port=port,
+        path=path,
+        authority=authority,
+        server_hostname=server_hostname,
+        origin=origin,
+        http2_allowed=http2_allowed,
+        ssl_context=context,
+        auth_headers=found.headers if found is not None else (),
+    )
+
+
+def _hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -1,0 +1,1 @@
+"""Sample configuration files and small builders for the configuration tests."""

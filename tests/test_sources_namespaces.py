@@ -1,0 +1,691 @@
+"""Namespace label sources (GW-01, MAT-16/17, MAT-33) against a fake kube-apiserver on 127.0.0.1.
+
+The fake speaks the Kubernetes list/watch wire format over TLS: ``NamespaceList`` with
+``metadata.resourceVersion`` (and ``continue`` pagination), chunked watch responses with one JSON
+``WatchEvent`` per line, ``BOOKMARK`` events carrying only a resourceVersion, ``ERROR`` events with
+a 410 ``Expired`` Status, HTTP 410 ``Gone``, and ``Status`` bodies for 401/403/404/500.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+import ssl
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import h11
+import pytest
+import trio
+import trustme
+
+from gateway.config.model import Snapshot
+from gateway.errors import NamespaceLookupError
+from gateway.sources.configdir import ConfigStore
+from gateway.sources.kube import (
+    KubeAPIError,
+    KubeClient,
+    KubeConfigError,
+    in_cluster_config,
+    load_kubeconfig,
+)
+from gateway.sources.namespaces import (
+    NOT_FOUND,
+    Backoff,
+    ClusterNamespaces,
+    FileNamespaces,
+)
+
+# --- the fake kube-apiserver ---------------------------------------------------------------------
+
+
+def _status(code: int, reason: str, message: str, details: dict[str, str] | None = None) -> dict[str, Any]:
+    status: dict[str, Any] = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+    if details:
+        status["details"] = details
+    return status
+
+
+@dataclass
+class FakeKubeAPI:
+    """A kube-apiserver serving only namespaces; mutate it with put/delete/compact/drop_watches."""
+
+    token: str = "token-1"
+    namespaces: dict[str, dict[str, Any]] = field(default_factory=dict)
+    rv: int = 1000
+    history: list[tuple[int, str, dict[str, Any]]] = field(default_factory=list)
+    compacted: int = 0  # watches from a resourceVersion below this get an ERROR 410 event
+    silent: bool = False  # mutations go to history only (as if they happened while disconnected)
+    watch_gone_http: int = 0  # answer this many next watch requests with HTTP 410
+    fail_lists: int = 0  # answer this many next list requests with HTTP 500
+    stall_watches: bool = False  # send the response head, then nothing
+    watch_seconds_cap: float | None = None
+    forbidden: bool = False
+    requests: list[tuple[str, dict[str, str], dict[str, str]]] = field(default_factory=list)
+    port: int = 0
+    ca: trustme.CA = field(default_factory=trustme.CA)
+    _watchers: list[trio.MemorySendChannel[dict[str, Any]]] = field(default_factory=list)
+    _watch_scopes: list[trio.CancelScope] = field(default_factory=list)
+    _pages: dict[str, tuple[int, list[dict[str, Any]]]] = field(default_factory=dict)
+
+    # -- state changes, as the apiserver would record them --
+
+    def _object(self, name: str) -> dict[str, Any]:
+        meta = self.namespaces[name]
+        return {"kind": "Namespace", "apiVersion": "v1", **meta}
+
+    def put(self, name: str, labels: dict[str, str]) -> None:
+        kind = "MODIFIED" if name in self.namespaces else "ADDED"
+        self.rv += 1
+        self.namespaces[name] = {
+            "metadata": {
+                "name": name,
+                "uid": f"uid-{name}",
+                "resourceVersion": str(self.rv),
+                "creationTimestamp": "2024-05-01T10:00:00Z",
+                # the apiserver adds this label to every namespace
+                "labels": {"kubernetes.io/metadata.name": name, **labels},
+            },
+            "spec": {"finalizers": ["kubernetes"]},
+            "status": {"phase": "Active"},
+        }
+        self._record(kind, self._object(name))
+
+    def delete(self, name: str) -> None:
+        obj = self._object(name)
+        del self.namespaces[name]
+        self.rv += 1
+        obj["metadata"] = {**obj["metadata"], "resourceVersion": str(self.rv)}
+        self._record("DELETED", obj)
+
+    def _record(self, kind: str, obj: dict[str, Any]) -> None:
+        event = {"type": kind, "object": obj}
+        self.history.append((self.rv, kind, event))
+        if not self.silent:
+            for channel in self._watchers:
+                channel.send_nowait(event)
+
+    def bookmark(self, advance: int = 0) -> None:
+        """Send every watcher a BOOKMARK (other resources may have moved the revision on)."""
+        self.rv += advance
+        event = {
+            "type": "BOOKMARK",
+            "object": {
+                "kind": "Namespace",
+                "apiVersion": "v1",
+                "metadata": {"resourceVersion": str(self.rv), "creationTimestamp": None},
+            },
+        }
+        for channel in self._watchers:
+            channel.send_nowait(event)
+
+    def compact(self) -> None:
+        """etcd compaction: watching from any revision before the current one is now too old."""
+        self.compacted = self.rv
+
+    def drop_watches(self) -> None:
+        """Break every open watch connection mid-stream (no terminating chunk)."""
+        for scope in self._watch_scopes:
+            scope.cancel()
+
+    # -- what the client sent --
+
+    def watches(self) -> list[dict[str, str]]:
+        return [q for p, q, _ in self.requests if p == "/api/v1/namespaces" and "watch" in q]
+
+    def lists(self) -> list[dict[str, str]]:
+        return [q for p, q, _ in self.requests if p == "/api/v1/namespaces" and "watch" not in q]
+
+    def gets(self, name: str) -> int:
+        return sum(1 for p, _, _ in self.requests if p == f"/api/v1/namespaces/{name}")
+
+    # -- the HTTP side --
+
+    async def handle(self, stream: trio.abc.Stream) -> None:
+        conn = h11.Connection(h11.SERVER)
+        try:
+            request = None
+            while True:
+                event = conn.next_event()
+                if event is h11.NEED_DATA:
+                    conn.receive_data(await stream.receive_some(65536))
+                elif isinstance(event, h11.Request):
+                    request = event
+                elif isinstance(event, h11.EndOfMessage):
+                    break
+                elif isinstance(event, h11.ConnectionClosed):
+                    return
+            assert request is not None
+            await self.route(conn, stream, request)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError, ssl.SSLError):
+            pass
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    async def route(self, conn: h11.Connection, stream: trio.abc.Stream, request: h11.Request) -> None:
+        target = urllib.parse.urlsplit(request.target.decode())
+        query = dict(urllib.parse.parse_qsl(target.query))
+        headers = {k.decode().lower(): v.decode() for k, v in request.headers}
+        self.requests.append((target.path, query, headers))
+        if headers.get("authorization") != f"Bearer {self.token}":
+            await self.reply(conn, stream, 401, _status(401, "Unauthorized", "Unauthorized"))
+            return
+        if self.forbidden:
+            name = target.path.rsplit("/", 1)[-1]
+            msg = (
+                f'namespaces "{name}" is forbidden: User "system:serviceaccount:webhook-gateway:'
+                f'webhook-gateway" cannot get resource "namespaces" in API group "" at the cluster scope'
+            )
+            await self.reply(conn, stream, 403, _status(403, "Forbidden", msg))
+            return
+        if target.path == "/api/v1/namespaces":
+            if query.get("watch") in ("1", "true"):
+                await self.watch(conn, stream, query)
+                return
+            await self.list(conn, stream, query)
+            return
+        if target.path.startswith("/api/v1/namespaces/"):
+            name = target.path.removeprefix("/api/v1/namespaces/")
+            if name in self.namespaces:
+                await self.reply(conn, stream, 200, self._object(name))
+                return
+            body = _status(
+                404, "NotFound", f'namespaces "{name}" not found', {"name": name, "kind": "namespaces"}
+            )
+            await self.reply(conn, stream, 404, body)
+            return
+        await self.reply(conn, stream, 404, _status(404, "NotFound", "the server could not find it"))
+        return
+
+    async def reply(self, conn: h11.Connection, stream: trio.abc.Stream, code: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        head = [("Content-Type", "application/json"), ("Content-Length", str(len(data)))]
+        await stream.send_all(conn.send(h11.Response(status_code=code, headers=head)) or b"")
+        await stream.send_all(conn.send(h11.Data(data=data)) or b"")
+        await stream.send_all(conn.send(h11.EndOfMessage()) or b"")
+
+    async def list(self, conn: h11.Connection, stream: trio.abc.Stream, query: dict[str, str]) -> None:
+        if self.fail_lists:
+            self.fail_lists -= 1
+            await self.reply(conn, stream, 500, _status(500, "InternalError", "etcdserver: leader changed"))
+            return
+        if "continue" in query:
+            rv, items = self._pages.pop(query["continue"])
+        else:
+            rv = self.rv
+            items = [
+                {k: v for k, v in self._object(n).items() if k not in ("kind", "apiVersion")}
+                for n in sorted(self.namespaces)
+            ]
+        limit = int(query.get("limit", "0")) or len(items) or 1
+        page, rest = items[:limit], items[limit:]
+        meta: dict[str, Any] = {"resourceVersion": str(rv)}
+        if rest:
+            token = base64.b64encode(f"page-{len(self._pages)}-{rv}".encode()).decode()
+            self._pages[token] = (rv, rest)
+            meta["continue"] = token
+            meta["remainingItemCount"] = len(rest)
+        body = {"kind": "NamespaceList", "apiVersion": "v1", "metadata": meta, "items": page}
+        await self.reply(conn, stream, 200, body)
+
+    async def watch(self, conn: h11.Connection, stream: trio.abc.Stream, query: dict[str, str]) -> None:
+        if self.watch_gone_http:
+            self.watch_gone_http -= 1
+            msg = f"too old resource version: {query['resourceVersion']} ({self.rv})"
+            await self.reply(conn, stream, 410, _status(410, "Gone", msg))
+            return
+        head = [("Content-Type", "application/json"), ("Transfer-Encoding", "chunked")]
+        await stream.send_all(conn.send(h11.Response(status_code=200, headers=head)) or b"")
+
+        async def send(event: dict[str, Any]) -> None:
+            await stream.send_all(conn.send(h11.Data(data=json.dumps(event).encode() + b"\n")) or b"")
+
+        since = int(query["resourceVersion"])
+        if since < self.compacted:
+            msg = f"too old resource version: {since} ({self.compacted})"
+            await send({"type": "ERROR", "object": _status(410, "Expired", msg)})
+            await stream.send_all(conn.send(h11.EndOfMessage()) or b"")
+            return
+        sender, receiver = trio.open_memory_channel[dict[str, Any]](1000)
+        scope = trio.CancelScope()
+        self._watchers.append(sender)
+        self._watch_scopes.append(scope)
+        try:
+            with scope:
+                if self.stall_watches:
+                    await trio.sleep_forever()
+                for rv, _, event in self.history:
+                    if rv > since:
+                        await send(event)
+                seconds = float(query.get("timeoutSeconds", "1800"))
+                with trio.move_on_after(min(seconds, self.watch_seconds_cap or seconds)):
+                    async for event in receiver:
+                        await send(event)
+                # timeoutSeconds passed: the apiserver ends the stream cleanly
+                await stream.send_all(conn.send(h11.EndOfMessage()) or b"")
+        finally:
+            self._watchers.remove(sender)
+            self._watch_scopes.remove(scope)
+
+
+def _kubeconfig(api: FakeKubeAPI, path: Path, user: dict[str, Any] | None = None) -> Path:
+    ca = base64.b64encode(api.ca.cert_pem.bytes()).decode()
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "test",
+        "contexts": [{"name": "test", "context": {"cluster": "fake", "user": "gw"}}],
+        "clusters": [
+            {
+                "name": "fake",
+                "cluster": {"server": f"https://127.0.0.1:{api.port}", "certificate-authority-data": ca},
+            }
+        ],
+        "users": [{"name": "gw", "user": user if user is not None else {"token": api.token}}],
+    }
+    path.write_text(json.dumps(doc))  # JSON is YAML
+    return path
+
+
+@pytest.fixture
+async def kube_api(nursery: trio.Nursery) -> FakeKubeAPI:
+    api = FakeKubeAPI()
+    for name, labels in [("default", {}), ("team-a", {"team": "a"}), ("kube-system", {})]:
+        api.put(name, labels)
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    api.ca.issue_cert("127.0.0.1").configure_cert(server_ctx)
+    listeners = await trio.open_ssl_over_tcp_listeners(0, server_ctx, host="127.0.0.1")
+    await nursery.start(trio.serve_listeners, api.handle, listeners)
+    api.port = listeners[0].transport_listener.socket.getsockname()[1]
+    return api
+
+
+@pytest.fixture
+def client(kube_api: FakeKubeAPI, tmp_path: Path) -> KubeClient:
+    return KubeClient(load_kubeconfig(_kubeconfig(kube_api, tmp_path / "kubeconfig")), request_timeout=5)
+
+
+def _fast_backoff() -> Backoff:
+    return Backoff(initial=0.01, maximum=0.05, rng=random.Random(6))
+
+
+async def _until(predicate: Callable[[], bool]) -> None:
+    """Wait (bounded) until ``predicate()`` holds; the bound only turns a hang into a failure."""
+    with trio.fail_after(10):
+        while not predicate():
+            await trio.sleep(0.005)
+
+
+async def _started(nursery: trio.Nursery, client: KubeClient, **kwargs: Any) -> ClusterNamespaces:
+    source = ClusterNamespaces(client, backoff=_fast_backoff(), **kwargs)
+    await nursery.start(source.run)
+    return source
+
+
+# --- cluster mode --------------------------------------------------------------------------------
+
+
+async def test_ready_after_first_successful_list(
+    kube_api: FakeKubeAPI, client: KubeClient, nursery: trio.Nursery
+) -> None:
+    """GW-01/MAT-33: readiness waits for the first list, retried with back-off after list errors."""
+    kube_api.fail_lists = 2
+    source = await _started(nursery, client)
+    assert not source.ready
+    await source.wait_synced()
+    assert source.ready
+    assert len(kube_api.lists()) == 3
+    assert dict(await source.labels("team-a")) == {"kubernetes.io/metadata.name": "team-a", "team": "a"}
+    assert dict(await source.labels("default")) == {"kubernetes.io/metadata.name": "default"}
+    assert kube_api.gets("team-a") == 0, "a synced namespace is answered from memory"
+    await _until(lambda: len(kube_api.watches()) == 1)
+    assert kube_api.watches()[0] == {
+        "watch": "1",
+        "resourceVersion": str(kube_api.rv),
+        "allowWatchBookmarks": "true",
+        "timeoutSeconds": "300",
+    }
+
+
+async def test_list_follows_continue_pages(
+    kube_api: FakeKubeAPI, client: KubeClient, nursery: trio.Nursery
+) -> None:
+    """GW-01: a paginated list is followed to its last page and watched from its resourceVersion."""
+    for i in range(5):
+        kube_api.put(f"ns-{i}", {"i": str(i)})
+    source = await _started(nursery, client, page_size=2)
+    await source.wait_synced()
+    assert [q.get("continue", "") != "" for q in kube_api.lists()] == [False, True, True, True]
+    assert dict(await source.labels("ns-4"))["i"] == "4"
+    assert kube_api.gets("ns-4") == 0
+    await _until(lambda: len(kube_api.watches()) == 1)
+    assert kube_api.watches()[0]["resourceVersion"] == str(kube_api.rv)
+
+
+async def test_watch_events_update_labels(
+    kube_api: FakeKubeAPI, client: KubeClient, nursery: trio.Nursery
+) -> None:
+    """GW-01: ADDED, MODIFIED and DELETED events change the labels served, without re-listing."""
+    source = await _started(nursery, client)
+    await source.wait_synced()
+    await _until(lambda: len(kube_api._watchers) == 1)
+    kube_api.put("team-a", {"team": "a", "tier": "gold"})
+    kube_api.put("team-b", {"team": "b"})
+    kube_api.delete("default")
+    await _until(lambda: source.resource_version == str(kube_api.rv))
+    assert dict(await source.labels("team-a"))["tier"] == "gold"
+    assert dict(await source.labels("team-b"))["team"] == "b"
+    assert await source.labels("default") is NOT_FOUND
+    assert len(kube_api.lists()) == 1
+    assert kube_api.gets("team-a") == kube_api.gets("team-b") == 0
+    assert kube_api.gets("default") == 1, "a deleted namespace is a cache miss: one live GET, 404"
+
+
+@pytest.mark.parametrize(
+    "expire",
+    [
+        pytest.param("error-event", id="GW-01: an ERROR event with a 410 Expired Status forces a re-list"),
+        pytest.param("http-410", id="GW-01: a watch request answered with HTTP 410 Gone forces a re-list"),
+    ],
+)
+async def test_expired_watch_relists(
+    kube_api: FakeKubeAPI, client: KubeClient, nursery: trio.Nursery, expire: str
+) -> None:
+    """A watch that cannot resume re-lists, and the new list replaces the cache whole."""
+    source = await _started(nursery, client)
+    await source.wait_synced()
+    await _until(lambda: len(kube_api._watchers) == 1)
+    synced_rv = source.resource_version
+    kube_api.silent = True  # these changes happen while the watch is broken
+    kube_api.delete("team-a")
+    kube_api.put("team-c", {"team": "c"})
+    if expire == "error-event":
+        kube_api.compact()
+    else:
+        kube_api.watch_gone_http = 1
+    kube_api.silent = False
+    kube_api.drop_watches()
+    await _until(lambda: source.lists == 2 and len(kube_api._watchers) == 1)
+    watches = kube_api.watches()
+    assert [w["resourceVersion"] for w in watches] == [synced_rv, synced_rv, str(kube_api.rv)]
+    assert len(kube_api.lists()) == 2
+    assert dict(await source.labels("team-c"))["team"] == "c"
+    assert kube_api.gets("team-c") == 0, "the re-list, not a GET, brought team-c"
+    assert await source.labels("team-a") is NOT_FOUND
+
+
+async def test_dropped_watch_resumes_from_last_resource_version(
+    kube_api: FakeKubeAPI, client: KubeClient, nursery: trio.Nursery
+) -> None:
+    """GW-01: after a broken connection the watch resumes (with back-off) where it stopped, no re-list."""
+    source = await _started(nursery, client)
+    await source.wait_synced()
+    await _until(lambda: len(kube_api._watchers) == 1)
+    kube_api.put("team-a", {"team": "a", "step": "1"})
+    await _until(lambda: source.resource_version == str(kube_api.rv))
+    seen_rv = source.resource_version
+    kube_api.silent = True
+    kube_api.put("team-a", {"team": "a", "step": "2"})
+    kube_api.silent = False
+    kube_api.drop_watches()
+    await _until(lambda: source.resource_version == str(kube_api.rv))
+    assert [w["resourceVersion"] for w in kube_api.watches()][1] == seen_rv
+    assert dict(await source.labels("team-a"))["step"] == "2"
+    assert len(kube_api.lists()) == 1
+    assert kube_api.gets("team-a") == 0
+
+
+async def test_bookmark_advances_resource_version(
+    kube_api: FakeKubeAPI, client: KubeClient, nursery: trio.Nursery
+) -> None:
+    """GW-01: a BOOKMARK moves the resourceVersion the next watch starts from."""
+    source = await _started(nursery, client)
+    await source.wait_synced()
+    await _until(lambda: len(kube_api._watchers) == 1)
+    kube_api.bookmark(advance=40)
+    await _until(lambda: source.resource_version == str(kube_api.rv))
+    kube_api.drop_watches()
+    await _until(lambda: len(kube_api.watches()) == 2)
+    assert kube_api.watches()[1]["resourceVersion"] == str(kube_api.rv)
+    assert len(kube_api.lists()) == 1
+
+
+async def test_watch_end_and_idle_reconnect(
+    kube_api: FakeKubeAPI, client: KubeClient, nursery: trio.Nursery
+) -> None:
+    """GW-01: a watch ended by timeoutSeconds, or silent past the idle deadline, is re-opened, no re-list."""
+    kube_api.watch_seconds_cap = 0.05
+    source = await _started(nursery, client, idle_timeout=0.2)
+    await source.wait_synced()
+    await _until(lambda: len(kube_api.watches()) >= 3)
+    kube_api.watch_seconds_cap = None
+    kube_api.stall_watches = True
+    stalled = len(kube_api.watches())
+    await _until(lambda: len(kube_api.watches()) >= stalled + 2)
+    assert len(kube_api.lists()) == 1
+    assert source.ready
+
+
+async def test_cache_miss_does_one_live_get(kube_api: FakeKubeAPI, client: KubeClient) -> None:
+    """GW-01/MAT-16: a miss is one live GET (404 → NOT_FOUND), cached; concurrent misses share it."""
+    source = ClusterNamespaces(client)  # never listed: every name is a miss
+    results: dict[str, Any] = {}
+
+    async def lookup(key: str, name: str) -> None:
+        results[key] = await source.labels(name)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(3):
+            nursery.start_soon(lookup, f"a{i}", "team-a")
+            nursery.start_soon(lookup, f"x{i}", "missing")
+    assert dict(results["a0"])["team"] == "a"
+    assert results["a0"] == results["a1"] == results["a2"]
+    assert results["x0"] is results["x1"] is results["x2"] is NOT_FOUND
+    assert await source.labels("team-a") == results["a0"]
+    assert await source.labels("missing") is NOT_FOUND
+    assert (kube_api.gets("team-a"), kube_api.gets("missing")) == (1, 1)
+    assert not source.ready
+
+
+@pytest.mark.parametrize(
+    ("breakage", "expected"),
+    [
+        pytest.param(
+            "forbidden",
+            'namespaces "team-a" is forbidden: User "system:serviceaccount:webhook-gateway:webhook-gateway"'
+            ' cannot get resource "namespaces" in API group "" at the cluster scope',
+            id="MAT-17: a 403 from the API server carries the Status message",
+        ),
+        pytest.param(
+            "bad-token", "Unauthorized", id="MAT-17: a 401 (wrong token) carries the Status message"
+        ),
+        pytest.param(
+            "unreachable",
+            'Get "https://127.0.0.1:{port}/api/v1/namespaces/team-a": ',
+            id="MAT-17: an unreachable API server names the GET that failed",
+        ),
+    ],
+)
+async def test_lookup_failures_raise(
+    kube_api: FakeKubeAPI, tmp_path: Path, breakage: str, expected: str
+) -> None:
+    """A lookup that fails for any reason but 404 raises NamespaceLookupError with a clear message."""
+    config = _kubeconfig(kube_api, tmp_path / "kubeconfig")
+    port = kube_api.port
+    if breakage == "forbidden":
+        kube_api.forbidden = True
+    elif breakage == "bad-token":
+        kube_api.token = "another-token"
+    else:
+        with trio.socket.socket() as sock:  # a port nobody listens on
+            await sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        config.write_text(config.read_text().replace(str(kube_api.port), str(port)))
+    source = ClusterNamespaces(KubeClient(load_kubeconfig(config), connect_timeout=5))
+    with pytest.raises(NamespaceLookupError) as caught:
+        await source.labels("team-a")
+    assert str(caught.value).startswith(expected.format(port=port))
+    assert len(str(caught.value)) > len(expected.format(port=port)) or breakage != "unreachable"
+
+
+async def test_in_cluster_token_is_sent_and_reread(kube_api: FakeKubeAPI, tmp_path: Path) -> None:
+    """GW-01: in-cluster config sends the service-account bearer token and re-reads it when rotated."""
+    sa = tmp_path / "serviceaccount"
+    sa.mkdir()
+    (sa / "ca.crt").write_bytes(kube_api.ca.cert_pem.bytes())
+    (sa / "token").write_text("token-1\n")
+    (sa / "namespace").write_text("webhook-gateway")
+    env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(kube_api.port)}
+    config = in_cluster_config(env, sa)
+    assert config.namespace == "webhook-gateway"
+    client = KubeClient(config)
+    await client.get("/api/v1/namespaces/default")
+    (sa / "token.new").write_text("token-2-rotated\n")
+    (sa / "token.new").rename(sa / "token")  # the kubelet swaps the file atomically
+    kube_api.token = "token-2-rotated"
+    await client.get("/api/v1/namespaces/default")
+    sent = [h["authorization"] for _, _, h in kube_api.requests]
+    assert sent == ["Bearer token-1", "Bearer token-2-rotated"]
+    assert all(h["user-agent"].startswith("webhook-gateway/") for _, _, h in kube_api.requests)
+
+
+def test_in_cluster_config_needs_the_environment(tmp_path: Path) -> None:
+    """Outside a pod (no KUBERNETES_SERVICE_HOST) in-cluster configuration is refused clearly."""
+    with pytest.raises(KubeConfigError, match="KUBERNETES_SERVICE_HOST"):
+        in_cluster_config({}, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("user", "outcome"),
+    [
+        pytest.param(
+            "client-cert-data", "ok", id="kubeconfig: client-certificate-data/client-key-data authenticate"
+        ),
+        pytest.param(
+            "client-cert-files", "ok", id="kubeconfig: relative client-certificate/client-key files"
+        ),
+        pytest.param("token-file", "ok", id="kubeconfig: tokenFile relative to the kubeconfig"),
+        pytest.param("exec", "exec is not supported", id="kubeconfig: exec credentials are refused"),
+        pytest.param(
+            "cert-without-key", "client certificate and key go together", id="kubeconfig: a lone cert"
+        ),
+    ],
+)
+async def test_kubeconfig_users(
+    kube_api: FakeKubeAPI, tmp_path: Path, nursery: trio.Nursery, user: str, outcome: str
+) -> None:
+    """kubeconfig user entries the gateway supports reach the API server; the others are refused."""
+    leaf = kube_api.ca.issue_cert("gateway@example.com")
+    cert, key = b"".join(b.bytes() for b in leaf.cert_chain_pems), leaf.private_key_pem.bytes()
+    (tmp_path / "c.crt").write_bytes(cert)
+    (tmp_path / "c.key").write_bytes(key)
+    (tmp_path / "tok").write_text(kube_api.token)
+    entries: dict[str, dict[str, Any]] = {
+        "client-cert-data": {
+            "client-certificate-data": base64.b64encode(cert).decode(),
+            "client-key-data": base64.b64encode(key).decode(),
+            "token": kube_api.token,
+        },
+        "client-cert-files": {"client-certificate": "c.crt", "client-key": "c.key", "token": kube_api.token},
+        "token-file": {"tokenFile": "tok"},
+        "exec": {"exec": {"command": "aws", "apiVersion": "client.authentication.k8s.io/v1"}},
+        "cert-without-key": {"client-certificate": "c.crt"},
+    }
+    path = _kubeconfig(kube_api, tmp_path / "kubeconfig", entries[user])
+    if outcome != "ok":
+        with pytest.raises(KubeConfigError, match=outcome):
+            load_kubeconfig(path)
+        return
+    # This server demands a client certificate only for the certificate rows.
+    mtls = user.startswith("client-cert")
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    kube_api.ca.issue_cert("127.0.0.1").configure_cert(server_ctx)
+    if mtls:
+        kube_api.ca.configure_trust(server_ctx)
+        server_ctx.verify_mode = ssl.CERT_REQUIRED
+    listeners = await trio.open_ssl_over_tcp_listeners(0, server_ctx, host="127.0.0.1")
+    await nursery.start(trio.serve_listeners, kube_api.handle, listeners)
+    port = listeners[0].transport_listener.socket.getsockname()[1]
+    path.write_text(path.read_text().replace(f"127.0.0.1:{kube_api.port}", f"127.0.0.1:{port}"))
+    body = await KubeClient(load_kubeconfig(path)).get("/api/v1/namespaces/team-a")
+    assert json.loads(body)["metadata"]["labels"]["team"] == "a"
+
+
+async def test_api_error_carries_status(client: KubeClient) -> None:
+    """A non-2xx reply raises KubeAPIError with the Status code, reason and message."""
+    with pytest.raises(KubeAPIError) as caught:
+        await client.get("/api/v1/namespaces/nope")
+    assert (caught.value.code, caught.value.reason, str(caught.value)) == (
+        404,
+        "NotFound",
+        'namespaces "nope" not found',
+    )
+
+
+# --- file mode -----------------------------------------------------------------------------------
+
+_SNAPSHOT = Snapshot(namespaces={"team-a": {"team": "a"}, "bare": {}})
+
+
+@pytest.mark.parametrize(
+    ("unknown", "name", "expected"),
+    [
+        pytest.param("notFound", "team-a", {"team": "a"}, id="GW-01: a Namespace object's labels are served"),
+        pytest.param("notFound", "bare", {}, id="GW-01: a Namespace without labels has the empty set"),
+        pytest.param(
+            "notFound", "other", NOT_FOUND, id="GW-01: unknownNamespace notFound (default) → MAT-16"
+        ),
+        pytest.param("emptyLabels", "other", {}, id="GW-01: unknownNamespace emptyLabels → no labels"),
+    ],
+)
+async def test_file_namespaces(unknown: Any, name: str, expected: Any) -> None:
+    """File mode answers from the snapshot's Namespace objects, and is ready at once."""
+    source = FileNamespaces(_SNAPSHOT, unknown_namespace=unknown)
+    assert source.ready
+    await source.wait_synced()
+    result = await source.labels(name)
+    assert result is NOT_FOUND if expected is NOT_FOUND else dict(result) == expected  # type: ignore[arg-type]
+
+
+async def test_file_namespaces_follow_the_store() -> None:
+    """GW-01/CFG-25: given a ConfigStore, file mode answers from whichever snapshot is current."""
+    store = ConfigStore(_SNAPSHOT)
+    source = FileNamespaces(store)
+    assert await source.labels("team-z") is NOT_FOUND
+    store.replace(Snapshot(namespaces={"team-z": {"team": "z"}}, generation=2))
+    assert dict(await source.labels("team-z")) == {"team": "z"}  # type: ignore[arg-type]
+
+
+# --- back-off ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("failures", "low", "high"),
+    [
+        pytest.param(0, 0.8, 1.6, id="first retry waits initial x [1, 1+jitter)"),
+        pytest.param(3, 6.4, 12.8, id="each failure doubles the wait"),
+        pytest.param(10, 30.0, 60.0, id="the wait is bounded by the maximum (times the jitter)"),
+        pytest.param(5000, 30.0, 60.0, id="the wait stays bounded after thousands of failures"),
+    ],
+)
+def test_backoff_bounds(failures: int, low: float, high: float) -> None:
+    """Back-off grows exponentially with jitter, is bounded, and resets after success."""
+    for seed in range(50):
+        backoff = Backoff(rng=random.Random(seed))
+        for _ in range(failures):
+            backoff.next_delay()
+        assert low <= backoff.next_delay() < high
+        backoff.reset()
+        assert 0.8 <= backoff.next_delay() < 1.6
