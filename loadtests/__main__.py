@@ -89,7 +89,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def options(args: argparse.Namespace) -> Options:
-    rates = [float(r) for r in args.rate.split(",")] if args.rate else []
+    rates = sorted(float(r) for r in args.rate.split(",")) if args.rate else []
     opts = Options(
         duration=args.duration,
         requests=args.requests,

@@ -192,7 +192,7 @@ def plot(result: RunResult, path: Path) -> None:
     ax2.set_xscale("log")
     ax2.set_xlabel("latency (ms)")
     ax2.set_ylabel("reviews")
-    ax2.set_title("latency histogram (last run)")
+    ax2.set_title("latency histogram (first load point)")
     ax2.legend(fontsize=8)
     fig.suptitle(describe(result), fontsize=9)
     fig.tight_layout()

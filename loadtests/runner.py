@@ -192,10 +192,19 @@ class Generator:
         rate: float | None,
         label: str,
         progress: Progress,
+        on_started: Callable[[], None] = lambda: None,
     ) -> float | None:
-        """Run the load; returns the offered rate (open loop) or None (closed loop)."""
+        """Run the load; returns the offered rate (open loop) or None (closed loop).
+
+        Connections are opened first (TLS handshakes are not part of the measurement), then
+        ``on_started`` is called so the caller can take its CPU snapshots.
+        """
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
+            for worker in range(1 if self.protocol == "h2" else self.opts.concurrency):
+                with contextlib.suppress(OSError, ConnectionLostError, trio.TooSlowError):
+                    await self._connection(worker)
+            on_started()
             rec.started = trio.current_time()
             async with trio.open_nursery() as bar:
                 bar.start_soon(progress.run, label, rec, duration, requests)
@@ -356,9 +365,15 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
                             progress=progress,
                         )
                     rec = Recorder()
-                    fleet_cpu0 = processes.proc_cpu_seconds(fleet.pid) if fleet else None
-                    cpu0 = processes.proc_cpu_seconds(pid) if pid else None
-                    self0 = processes.self_cpu_seconds()
+                    snap: dict[str, float] = {}
+
+                    def snapshot(pid: int | None = pid, snap: dict[str, float] = snap) -> None:
+                        if fleet:
+                            snap["fleet"] = processes.proc_cpu_seconds(fleet.pid)
+                        if pid:
+                            snap["server"] = processes.proc_cpu_seconds(pid)
+                        snap["self"] = processes.self_cpu_seconds()
+
                     label = f"{name} {'closed' if rate is None else f'{rate:g}/s'} #{rep + 1}"
                     offered = await Generator(work, opts, opts.protocol, ctx).run(
                         rec,
@@ -367,22 +382,23 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
                         rate=rate,
                         label=label,
                         progress=progress,
+                        on_started=snapshot,
                     )
                     n = max(rec.ok_count + rec.error_count, 1)
                     extra: dict[str, Any] = {
-                        "generator_cpu_us_per_review": (processes.self_cpu_seconds() - self0) / n * 1e6
+                        "generator_cpu_us_per_review": (processes.self_cpu_seconds() - snap["self"]) / n * 1e6
                     }
-                    if pid and cpu0 is not None:
-                        cpu = processes.proc_cpu_seconds(pid) - cpu0
+                    if pid and "server" in snap:
+                        cpu = processes.proc_cpu_seconds(pid) - snap["server"]
                         extra["cpu_s"] = cpu
                         extra["cpu_us_per_review"] = cpu / n * 1e6
                         extra["peak_rss_mb"] = processes.proc_peak_rss_mb(pid)
-                    if fleet and fleet_cpu0 is not None:
-                        extra["backend_cpu_us_per_review"] = (
-                            (processes.proc_cpu_seconds(fleet.pid) - fleet_cpu0) / n * 1e6
-                        )
+                    if fleet and "fleet" in snap:
+                        fleet_cpu = processes.proc_cpu_seconds(fleet.pid) - snap["fleet"]
+                        extra["backend_cpu_us_per_review"] = fleet_cpu / n * 1e6
                     point[name].append(summarize(name, rec, offered, **extra))
-                    result.latencies[name] = rec.all_latencies()
+                    # The histogram shows the first (lowest) load point: saturation is in the left plot.
+                    result.latencies.setdefault(name, rec.all_latencies())
                     if gateway is not None and gateway.poll() is not None:
                         tail = (tmp / "gateway.log").read_text(errors="replace")[-4000:]
                         raise RuntimeError(
