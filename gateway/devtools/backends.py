@@ -588,7 +588,14 @@ class _H2Session:
 
     async def run(self, first: bytes) -> None:
         self.conn.initiate_connection()
-        self.conn.update_settings({h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 1000})
+        # Generous receive windows: a stalled client must not need a WINDOW_UPDATE per review.
+        self.conn.update_settings(
+            {
+                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 1000,
+                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 1 << 20,
+            }
+        )
+        self.conn.increment_flow_control_window(1 << 24)
         async with trio.open_nursery() as nursery:
             self.nursery = nursery
             data = first
@@ -673,8 +680,10 @@ class _H2Session:
                     self.conn.local_flow_control_window(stream_id), self.conn.max_outbound_frame_size
                 )
                 if window <= 0:
+                    # Take the event before flushing: a WINDOW_UPDATE may arrive during the flush.
+                    changed = self.window_changed
                     await self.flush()
-                    await self.window_changed.wait()
+                    await changed.wait()
                     continue
                 chunk, view = view[:window], view[window:]
                 self.conn.send_data(stream_id, bytes(chunk), end_stream=not view)

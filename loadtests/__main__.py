@@ -1,0 +1,160 @@
+"""``python -m loadtests <scenario>``: the load-test command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import trio
+
+from loadtests.runner import Options, run
+from loadtests.scenarios import SCENARIOS, build
+
+
+def _latency(dist: str, params: str) -> str:
+    """The backend path step for a latency distribution (``fixed:0`` means none)."""
+    values = [p for p in params.split(",") if p] if params else []
+    need = {"fixed": 1, "uniform": 2, "lognormal": 2}[dist]
+    if len(values) != need:
+        raise argparse.ArgumentTypeError(f"--latency {dist} takes {need} value(s) in --latency-ms")
+    for v in values:
+        float(v)
+    if dist == "fixed" and float(values[0]) == 0:
+        return ""
+    return "latency/" + dist + "/" + "/".join(values)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m loadtests",
+        description="Load-test webhook-gateway against a fleet of sample backends, with a direct-to-backend "
+        "baseline in the same run. Every answer is verified; wrong answers count as errors.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="scenarios:\n" + "\n".join(f"  {k:<12} {v}" for k, v in SCENARIOS.items()),
+    )
+    p.add_argument("scenario", choices=sorted(SCENARIOS))
+    g = p.add_argument_group("load shape")
+    g.add_argument("--duration", type=float, default=10.0, help="seconds per measured phase (default 10)")
+    g.add_argument("--requests", type=int, help="stop a phase after this many reviews")
+    g.add_argument(
+        "--concurrency", type=int, help="closed loop: clients; open loop: connections (default 8 / 64)"
+    )
+    g.add_argument("--rate", help="open loop: reviews/s, or a comma-separated sweep (e.g. 200,400,800)")
+    g.add_argument(
+        "--poisson", action="store_true", help="open loop with exponential gaps (Poisson arrivals)"
+    )
+    g.add_argument(
+        "--warmup", type=float, default=1.0, help="unmeasured seconds before each phase (default 1)"
+    )
+    g.add_argument("--repeat", type=int, default=1, help="repeat each phase and report medians (e.g. 3)")
+    g.add_argument(
+        "--quick", action="store_true", help="< 1 minute correctness smoke: 2 s phases, exit 1 on any error"
+    )
+    w = p.add_argument_group("wire")
+    w.add_argument(
+        "--protocol", choices=("http1", "h2"), default="http1", help="default http1 (as kube-apiserver)"
+    )
+    w.add_argument(
+        "--tls", action=argparse.BooleanOptionalAction, default=True, help="TLS on both sides (default on)"
+    )
+    w.add_argument(
+        "--target", help="URL of an already-running gateway (only then may traffic leave loopback)"
+    )
+    w.add_argument("--target-ca", type=Path, help="PEM CA to verify --target with (default: system roots)")
+    w.add_argument("--insecure", action="store_true", help="do not verify the --target certificate")
+    b = p.add_argument_group("backends and reviews")
+    b.add_argument(
+        "--backends", type=int, help="override the scenario's validating (or mutating) backend count"
+    )
+    b.add_argument("--latency", choices=("fixed", "uniform", "lognormal"), default="fixed")
+    b.add_argument("--latency-ms", default="0", help="fixed: MS; uniform: LO,HI; lognormal: MEDIAN,SIGMA")
+    b.add_argument(
+        "--error-rate", type=float, default=0.0, help="fraction of backend calls answered HTTP 500"
+    )
+    b.add_argument("--size-kb", type=float, default=8.0, help="approximate review size, 2..30 (default 8)")
+    b.add_argument("--review-version", choices=("v1", "v1beta1"), default="v1")
+    b.add_argument(
+        "--slow-fraction", type=float, default=0.05, help="slow-ignore: share of reviews the slow one sees"
+    )
+    b.add_argument("--no-direct", action="store_true", help="skip the direct-to-backend baseline")
+    b.add_argument("--direct-only", action="store_true", help="start no gateway: measure the backends alone")
+    b.add_argument("--gateway-arg", action="append", default=[], help="extra argument for python -m gateway")
+    o = p.add_argument_group("output")
+    o.add_argument("--json", type=Path, help="write the full result as JSON")
+    o.add_argument("--plot", type=Path, help="write a PNG: latency percentiles vs load and a histogram")
+    o.add_argument("--no-progress", action="store_true")
+    o.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def options(args: argparse.Namespace) -> Options:
+    rates = sorted(float(r) for r in args.rate.split(",")) if args.rate else []
+    opts = Options(
+        duration=args.duration,
+        requests=args.requests,
+        concurrency=args.concurrency or (64 if rates else 8),
+        rates=rates,
+        poisson=args.poisson,
+        protocol=args.protocol,
+        tls=args.tls,
+        target=args.target,
+        target_ca=args.target_ca.read_bytes() if args.target_ca else None,
+        insecure=args.insecure,
+        backends=args.backends,
+        latency=_latency(args.latency, args.latency_ms),
+        error_rate=args.error_rate,
+        size_kb=args.size_kb,
+        review_version=args.review_version,
+        warmup=args.warmup,
+        repeat=max(args.repeat, 1),
+        direct=not args.no_direct,
+        gateway=not args.direct_only,
+        seed=args.seed,
+        progress=not args.no_progress,
+        gateway_args=args.gateway_arg,
+        slow_fraction=args.slow_fraction,
+    )
+    if args.quick:
+        opts.duration = min(opts.duration, 2.0)
+        opts.warmup = min(opts.warmup, 0.3)
+        opts.repeat = 1
+        opts.rates = opts.rates[:1]
+        opts.concurrency = min(opts.concurrency, 8)
+        if args.scenario == "slow-ignore":
+            opts.slow_fraction = max(opts.slow_fraction, 0.2)
+    return opts
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one scenario, print the table, write JSON/PNG; exit 1 when any answer was wrong."""
+    args = parser().parse_args(argv)
+    try:
+        opts = options(args)
+    except (argparse.ArgumentTypeError, ValueError) as exc:
+        parser().error(str(exc))
+    scenario = build(args.scenario, backends=args.backends, slow_fraction=opts.slow_fraction)
+
+    def say(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    from loadtests import report
+
+    try:
+        result = trio.run(run, scenario, opts, say)
+    except RuntimeError as exc:
+        say(f"error: {exc}")
+        return 2
+    print(report.table(result))
+    if args.json:
+        report.write_json(result, args.json)
+        say(f"wrote {args.json}")
+    if args.plot:
+        report.plot(result, args.plot)
+        say(f"wrote {args.plot}")
+    wrong = sum(sum(r.errors.values()) for point in result.points for runs in point.values() for r in runs)
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""The processes of a run: the backend fleet and the gateway, each separate so that their CPU is
+measured apart (``/proc/<pid>/stat``), plus the TLS material they share."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import trio
+
+from loadtests.client import ConnectionLostError, Endpoint, Http1Connection
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (its threads included)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+def proc_peak_rss_mb(pid: int) -> float:
+    """Peak resident set size (VmHWM) of ``pid`` in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def self_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on right now (also used as the dead backend's port)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class Certs:
+    """A throwaway CA and one server certificate for 127.0.0.1/localhost, written as PEM files."""
+
+    ca_pem: bytes
+    certfile: Path
+    keyfile: Path
+
+    @classmethod
+    def create(cls, directory: Path) -> Certs:
+        import trustme
+
+        ca = trustme.CA()
+        leaf = ca.issue_cert("127.0.0.1", "localhost")
+        certfile, keyfile = directory / "server.pem", directory / "server-key.pem"
+        leaf.private_key_pem.write_to_path(str(keyfile))
+        certfile.write_bytes(b"".join(blob.bytes() for blob in leaf.cert_chain_pems))
+        return cls(ca.cert_pem.bytes(), certfile, keyfile)
+
+
+@contextlib.contextmanager
+def managed(proc: subprocess.Popen[bytes]) -> Iterator[subprocess.Popen[bytes]]:
+    """Terminate (then kill) ``proc`` when the block ends, whatever happens."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+
+def _env() -> dict[str, str]:
+    root = str(Path(__file__).resolve().parent.parent)
+    path = os.environ.get("PYTHONPATH", "")
+    return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
+
+
+def spawn_fleet(count: int, certs: Certs | None) -> subprocess.Popen[bytes]:
+    """Start ``count`` backend listeners in one separate process."""
+    cmd = [sys.executable, "-m", "gateway.devtools.backends", "--count", str(count)]
+    if certs is not None:
+        cmd += ["--certfile", str(certs.certfile), "--keyfile", str(certs.keyfile)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, env=_env())  # noqa: S603  # our interpreter, list argv
+
+
+async def fleet_ports(proc: subprocess.Popen[bytes], timeout: float = 30) -> list[int]:
+    """Read the fleet's ready line (its ports)."""
+    assert proc.stdout is not None
+    with trio.fail_after(timeout):
+        line = await trio.to_thread.run_sync(proc.stdout.readline)
+    if not line:
+        raise RuntimeError(f"backend fleet exited with {proc.wait()} before it was ready")
+    ports: list[int] = msgspec.json.decode(line)["ports"]
+    return ports
+
+
+def spawn_gateway(
+    config_dir: Path, port: int, certs: Certs | None, log: Path, extra: list[str]
+) -> subprocess.Popen[bytes]:
+    """Start ``python -m gateway --config DIR --bind 127.0.0.1:PORT [--certfile --keyfile]``."""
+    cmd = [sys.executable, "-m", "gateway", "--config", str(config_dir), "--bind", f"127.0.0.1:{port}"]
+    if certs is not None:
+        cmd += ["--certfile", str(certs.certfile), "--keyfile", str(certs.keyfile)]
+    cmd += extra
+    with log.open("wb") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=_env())  # noqa: S603  # list argv
+
+
+async def wait_ready(endpoint: Endpoint, proc: subprocess.Popen[bytes] | None, timeout: float = 30) -> None:
+    """Poll ``GET /readyz`` until it answers 200 (fails if ``proc`` exits first)."""
+    last = "no answer"
+    with trio.move_on_after(timeout):
+        while True:
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"gateway exited with {proc.returncode} before it was ready")
+            try:
+                conn = await Http1Connection.open(endpoint)
+                try:
+                    status, body = await conn.request(b"/readyz", b"", method=b"GET")
+                finally:
+                    await conn.aclose()
+                if status == 200:
+                    return
+                last = f"HTTP {status}: {body[:200]!r}"
+            except (OSError, ConnectionLostError) as exc:
+                last = str(exc)
+            await trio.sleep(0.1)
+    raise RuntimeError(f"not ready after {timeout:g} s: {last}")

@@ -1,0 +1,200 @@
+"""The report: a terminal table, a JSON document for machines, and a PNG plot (latency percentiles
+vs load, and a latency histogram)."""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from loadtests.runner import RunResult
+from loadtests.stats import LatencySummary, PhaseResult, median_result
+
+
+def _f(value: float | None, fmt: str = "{:,.1f}") -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else fmt.format(value)
+
+
+def medians(result: RunResult) -> list[dict[str, PhaseResult]]:
+    """Per load point, the median of the repeated runs of each phase."""
+    return [{name: median_result(runs) for name, runs in point.items() if runs} for point in result.points]
+
+
+def describe(result: RunResult) -> str:
+    """One paragraph saying what was measured and how."""
+    o = result.options
+    proto = "HTTP/2" if o.protocol == "h2" else "HTTP/1.1 keep-alive"
+    proto += " over TLS" if o.tls or o.target else " (plaintext)"
+    rates = ", ".join(f"{r:g}" for r in o.rates)
+    shape = (
+        f"open loop {rates}/s{' Poisson' if o.poisson else ''}, {o.concurrency} connections"
+        if o.rates
+        else f"closed loop, {o.concurrency} clients"
+    )
+    bound = f"{o.duration:g} s" + (f" or {o.requests:,} reviews" if o.requests else "")
+    size = f"~{o.size_kb:g} KB Pod reviews ({o.review_version})"
+    return (
+        f"scenario {result.scenario.name}: {result.scenario.description}\n"
+        f"{proto}; {shape}; {bound}; {size}; medians of {o.repeat} run(s)"
+        + (f"; target {o.target}" if o.target else "")
+    )
+
+
+_COLUMNS = (
+    ("phase", 10),
+    ("offered/s", 10),
+    ("reviews/s", 11),
+    ("p50 ms", 9),
+    ("p90 ms", 9),
+    ("p99 ms", 9),
+    ("p99.9 ms", 10),
+    ("max ms", 9),
+    ("errors", 8),
+    ("CPU µs/rev", 12),
+    ("RSS MB", 8),
+    ("backend µs", 12),
+)
+
+
+def _row(cells: Sequence[str]) -> str:
+    out = []
+    for k, (cell, (_, width)) in enumerate(zip(cells, _COLUMNS, strict=False)):
+        out.append(f"{cell:<{width}}" if k == 0 else f"{cell:>{width}}")
+    return "".join(out)
+
+
+def _latency_cells(s: LatencySummary) -> list[str]:
+    return [_f(v, "{:.2f}") for v in (s.p50_ms, s.p90_ms, s.p99_ms, s.p999_ms)] + [_f(s.max_ms, "{:.1f}")]
+
+
+def table(result: RunResult) -> str:
+    """The terminal table: one row per phase and load point, then ratios and errors."""
+    head = _row([name for name, _ in _COLUMNS])
+    lines = [describe(result), "", head, "-" * len(head)]
+    for point in medians(result):
+        for name, r in point.items():
+            lines.append(
+                _row(
+                    [
+                        name,
+                        _f(r.offered_rps, "{:,.0f}"),
+                        _f(r.throughput_rps, "{:,.0f}"),
+                        *_latency_cells(r.latency),
+                        f"{sum(r.errors.values()):,}",
+                        _f(r.cpu_us_per_review, "{:,.0f}"),
+                        _f(r.peak_rss_mb, "{:.0f}"),
+                        _f(r.backend_cpu_us_per_review, "{:,.0f}"),
+                    ]
+                )
+            )
+            for cls, s in r.by_class.items():
+                lines.append(_row([f"  {cls}", "", f"n={s.count:,}", *_latency_cells(s)]))
+        if "direct" in point and "gateway" in point:
+            d, g = point["direct"], point["gateway"]
+            ratio = g.throughput_rps / d.throughput_rps if d.throughput_rps else math.nan
+            added = [
+                _f(getattr(g.latency, f) - getattr(d.latency, f), "{:+.2f}")
+                for f in ("p50_ms", "p90_ms", "p99_ms", "p999_ms")
+            ]
+            lines.append(_row(["ratio", "", _f(ratio, "{:.2f}x"), *added]))
+            lines.append("  (ratio: gateway reviews/s ÷ direct; latency columns: added ms, gateway − direct)")
+    errors: dict[str, int] = {}
+    for raw_point in result.points:
+        for runs in raw_point.values():
+            for r in runs:
+                for kind, n in r.errors.items():
+                    errors[f"{r.name}:{kind}"] = errors.get(f"{r.name}:{kind}", 0) + n
+    lines.append("")
+    lines.append("errors by kind: " + (", ".join(f"{k}={v:,}" for k, v in sorted(errors.items())) or "none"))
+    injected = sum(r.injected for point in result.points for runs in point.values() for r in runs)
+    if injected:
+        lines.append(f"answers reflecting injected backend errors (counted correct): {injected:,}")
+    lines.append(
+        "CPU µs/rev: the measured server process (gateway; in the direct row, the backend fleet);"
+        " backend µs: the fleet process, per review"
+    )
+    return "\n".join(lines)
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+    }
+
+
+def to_json(result: RunResult) -> dict[str, Any]:
+    opts = asdict(result.options)
+    opts.pop("target_ca", None)
+    return {
+        "scenario": {"name": result.scenario.name, "description": result.scenario.description},
+        "options": opts,
+        "machine": machine(),
+        "points": [
+            {
+                "runs": {name: [r.to_json() for r in runs] for name, runs in point.items()},
+                "median": {name: r.to_json() for name, r in med.items()},
+            }
+            for point, med in zip(result.points, medians(result), strict=True)
+        ],
+    }
+
+
+def write_json(result: RunResult, path: Path) -> None:
+    path.write_bytes(msgspec.json.format(msgspec.json.encode(to_json(result)), indent=2) + b"\n")
+
+
+def plot(result: RunResult, path: Path) -> None:
+    """Latency percentiles vs achieved load (one point per offered rate) and a latency histogram."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
+    meds = medians(result)
+    colours = {"gateway": "tab:blue", "direct": "tab:green"}
+    for name in ("direct", "gateway"):
+        pts: Sequence[PhaseResult] = [m[name] for m in meds if name in m]
+        if not pts:
+            continue
+        x = [p.throughput_rps for p in pts]
+        for attr, style in (("p50_ms", "-"), ("p90_ms", "--"), ("p99_ms", ":")):
+            ax1.plot(
+                x,
+                [getattr(p.latency, attr) for p in pts],
+                style,
+                marker="o",
+                color=colours[name],
+                label=f"{name} {attr.removesuffix('_ms')}",
+            )
+    ax1.set_xlabel("throughput (correct reviews/s)")
+    ax1.set_ylabel("latency (ms)")
+    ax1.set_yscale("log")
+    ax1.set_title("latency percentiles vs load")
+    ax1.grid(True, which="both", alpha=0.3)
+    ax1.legend(fontsize=8)
+    for name, values in result.latencies.items():
+        ms = [v * 1000 for v in values if v > 0]
+        if not ms:
+            continue
+        lo, hi = max(min(ms), 1e-3), max(ms)
+        bins = [lo * (hi / lo) ** (k / 60) for k in range(61)] if hi > lo else 10
+        ax2.hist(ms, bins=bins, alpha=0.55, color=colours.get(name), label=f"{name} (n={len(ms):,})")
+    ax2.set_xscale("log")
+    ax2.set_xlabel("latency (ms)")
+    ax2.set_ylabel("reviews")
+    ax2.set_title("latency histogram (first load point)")
+    ax2.legend(fontsize=8)
+    fig.suptitle(describe(result), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,408 @@
+"""One load-test run: start the fleet and the gateway, then for each offered load measure the
+direct-to-backend baseline and the gateway side by side, verifying every answer."""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import math
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from loadtests import processes
+from loadtests.client import ConnectionLostError, Endpoint, H2Connection, Http1Connection, client_context
+from loadtests.drive import arrival_offsets, drive_closed_loop, drive_open_loop
+from loadtests.fixtures import ReviewTemplate, review_templates, with_labels
+from loadtests.scenarios import (
+    Expectation,
+    Scenario,
+    backend_path,
+    expect_direct,
+    expect_gateway,
+    write_configs,
+)
+from loadtests.stats import PhaseResult, Recorder, summarize
+from loadtests.verify import INJECTED, OK, Verifier
+
+
+@dataclass
+class Options:
+    """Everything the CLI decides (see ``python -m loadtests --help``)."""
+
+    duration: float = 10.0
+    requests: int | None = None
+    concurrency: int = 8
+    rates: list[float] = field(default_factory=list)  # empty: closed loop
+    poisson: bool = False
+    protocol: str = "http1"
+    tls: bool = True
+    target: str | None = None
+    target_ca: bytes | None = None
+    insecure: bool = False
+    backends: int | None = None
+    latency: str = ""  # a backend path step, e.g. "latency/lognormal/2/0.5"
+    error_rate: float = 0.0
+    size_kb: float = 8.0
+    review_version: str = "v1"
+    warmup: float = 1.0
+    repeat: int = 1
+    direct: bool = True
+    gateway: bool = True  # False (--direct-only): measure only the backends, start no gateway
+    seed: int = 0
+    progress: bool = True
+    gateway_args: list[str] = field(default_factory=list)
+    slow_fraction: float = 0.05
+
+
+Step = tuple[bytes, ReviewTemplate, Expectation | None]
+
+
+@dataclass
+class Workload:
+    """What one review is: its class and the calls it makes (mutate then validate at the gateway)."""
+
+    endpoint: Endpoint
+    mixes: list[tuple[str, list[Step]]]  # cycled per review: (class, steps)
+
+    def pick(self, i: int, slow_fraction: float) -> tuple[str, list[Step]]:
+        fast = [m for m in self.mixes if m[0] == "fast"]
+        slow = [m for m in self.mixes if m[0] == "slow"]
+        if slow and math.floor((i + 1) * slow_fraction) > math.floor(i * slow_fraction):
+            return slow[i % len(slow)]
+        return fast[i % len(fast)]
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Progress:
+    """A one-line progress bar on stderr (only when it is a terminal, unless forced)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled and sys.stderr.isatty()
+
+    async def run(self, label: str, rec: Recorder, total_s: float, total_n: int | None) -> None:
+        if not self.enabled:
+            return
+        start = trio.current_time()
+        try:
+            while True:
+                await trio.sleep(0.25)
+                elapsed = trio.current_time() - start
+                done = rec.ok_count + rec.error_count
+                frac = min(done / total_n, 1.0) if total_n else min(elapsed / total_s, 1.0)
+                bar = "#" * int(frac * 30)
+                sys.stderr.write(
+                    f"\r  {label:<22} [{bar:<30}] {frac:4.0%} {rec.ok_count:>9,} ok"
+                    f" {rec.error_count:>6,} err {rec.ok_count / max(elapsed, 1e-9):>8,.0f}/s"
+                )
+                sys.stderr.flush()
+        finally:
+            sys.stderr.write("\r" + " " * 100 + "\r")
+            sys.stderr.flush()
+
+
+class Generator:
+    """Drives one workload with one load shape and verifies every answer into a Recorder."""
+
+    def __init__(self, workload: Workload, opts: Options, protocol: str, ssl_ctx: Any) -> None:
+        self.workload = workload
+        self.opts = opts
+        self.protocol = protocol
+        self.verifier = Verifier(opts.error_rate)
+        self.counter = 0
+        self.uid_prefix = f"{opts.seed & 0xFFFFFFFF:08x}-10ad-4e57-8000-"
+        self.http1: dict[int, Http1Connection] = {}
+        self.h2: H2Connection | None = None
+        self.nursery: trio.Nursery | None = None
+
+    async def _connection(self, worker: int) -> Http1Connection | H2Connection:
+        if self.protocol == "h2":
+            if self.h2 is None or self.h2.broken:
+                assert self.nursery is not None
+                self.h2 = await H2Connection.open(self.workload.endpoint, self.nursery)
+            return self.h2
+        conn = self.http1.get(worker)
+        if conn is None:
+            conn = self.http1[worker] = await Http1Connection.open(self.workload.endpoint)
+        return conn
+
+    async def _drop(self, worker: int) -> None:
+        conn = self.http1.pop(worker, None)
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.aclose()
+
+    async def one(self, rec: Recorder, worker: int, intended: float) -> None:
+        """Send one review (its steps), verify each answer, record latency from ``intended``."""
+        i = self.counter
+        self.counter += 1
+        cls, steps = self.workload.pick(i, self.opts.slow_fraction)
+        injected = False
+        try:
+            conn = await self._connection(worker)
+        except (OSError, ConnectionLostError, trio.TooSlowError):
+            rec.error("connect")
+            await trio.sleep(0.01)
+            return
+        for k, (path, template, expect) in enumerate(steps):
+            uid = f"{self.uid_prefix}{i:08x}{k:04x}"
+            try:
+                status, body = await conn.request(path, template.body(uid))
+            except (ConnectionLostError, trio.TooSlowError, OSError) as exc:
+                rec.error("timeout" if isinstance(exc, trio.TooSlowError) else "connection-lost")
+                await self._drop(worker)
+                return
+            if expect is None:  # --target without a known configuration: protocol checks only
+                verdict = self.verifier.check(status, body, uid, template, Expectation(allowed=True))
+                if verdict in ("wrong-decision", "unexpected-patch", "patch-wrong-result"):
+                    verdict = OK
+            else:
+                verdict = self.verifier.check(status, body, uid, template, expect)
+            if verdict == INJECTED:
+                injected = True
+                break  # the apiserver would stop here too: a failed review goes no further
+            if verdict != OK:
+                rec.error(verdict)
+                if isinstance(conn, Http1Connection) and not conn.reusable:
+                    await self._drop(worker)
+                return
+        rec.ok(trio.current_time() - intended, cls)
+        if injected:
+            rec.injected += 1
+
+    async def run(
+        self,
+        rec: Recorder,
+        *,
+        duration: float,
+        requests: int | None,
+        rate: float | None,
+        label: str,
+        progress: Progress,
+        on_started: Callable[[], None] = lambda: None,
+    ) -> float | None:
+        """Run the load; returns the offered rate (open loop) or None (closed loop).
+
+        Connections are opened first (TLS handshakes are not part of the measurement), then
+        ``on_started`` is called so the caller can take its CPU snapshots.
+        """
+        async with trio.open_nursery() as nursery:
+            self.nursery = nursery
+            for worker in range(1 if self.protocol == "h2" else self.opts.concurrency):
+                with contextlib.suppress(OSError, ConnectionLostError, trio.TooSlowError):
+                    await self._connection(worker)
+            on_started()
+            rec.started = trio.current_time()
+            async with trio.open_nursery() as bar:
+                bar.start_soon(progress.run, label, rec, duration, requests)
+
+                async def handle(worker: int, intended: float) -> None:
+                    await self.one(rec, worker, intended)
+
+                if rate is None:
+                    await drive_closed_loop(self.opts.concurrency, duration, requests, handle)
+                else:
+                    offsets = arrival_offsets(
+                        rate, duration, poisson=self.opts.poisson, seed=self.opts.seed, limit=requests
+                    )
+                    await drive_open_loop(offsets, self.opts.concurrency, handle)
+                rec.finished = trio.current_time()
+                bar.cancel_scope.cancel()
+            for conn in list(self.http1.values()):
+                with contextlib.suppress(Exception):
+                    await conn.aclose()
+            self.http1.clear()
+            if self.h2 is not None:
+                with contextlib.suppress(Exception):
+                    await self.h2.aclose()
+                self.h2 = None
+            nursery.cancel_scope.cancel()
+        return rate
+
+
+def _query(path: str) -> str:
+    return path + ("&" if "?" in path else "?") + "timeout=10s"
+
+
+def gateway_workload(
+    scenario: Scenario, endpoint: Endpoint, templates: dict[str, list[ReviewTemplate]], known: bool
+) -> Workload:
+    """Calls per review at the gateway: ``/mutate`` then ``/validate`` (on the mutated object)."""
+    mixes: list[tuple[str, list[Step]]] = []
+    for cls, tmpls in templates.items():
+        for tmpl in tmpls:
+            steps: list[Step] = []
+            current = tmpl
+            for ep in scenario.endpoints:
+                expect = expect_gateway(scenario, ep, cls) if known else None
+                steps.append((_query(f"/{ep}").encode(), current, expect))
+                if ep == "mutate" and expect is not None and expect.labels:
+                    current = with_labels(current, dict.fromkeys(expect.labels, "true"))
+            mixes.append((cls, steps))
+    return Workload(endpoint, mixes)
+
+
+def direct_workload(
+    scenario: Scenario, endpoint: Endpoint, path: str, templates: dict[str, list[ReviewTemplate]]
+) -> Workload:
+    """One call per review straight to the scenario's representative backend (the baseline)."""
+    spec = scenario.direct_backend
+    expect = expect_direct(spec)
+    mixes: list[tuple[str, list[Step]]] = [
+        ("fast", [(_query(path).encode(), tmpl, expect)]) for tmpl in templates["fast"]
+    ]
+    return Workload(endpoint, mixes)
+
+
+@dataclass
+class RunResult:
+    """All phases of a run: per offered load (None = closed loop), per repeat."""
+
+    scenario: Scenario
+    options: Options
+    points: list[dict[str, list[PhaseResult]]] = field(default_factory=list)
+    latencies: dict[str, list[float]] = field(default_factory=dict)  # last run's, for the histogram
+
+
+@contextlib.contextmanager
+def _tempdir() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="webhook-gateway-loadtest-") as d:
+        yield Path(d)
+
+
+async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> RunResult:
+    """Start what the scenario needs, then measure direct and gateway phases for every load point."""
+    result = RunResult(scenario, opts)
+    progress = Progress(opts.progress)
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(_tempdir())
+        certs = processes.Certs.create(tmp) if opts.tls and not opts.target else None
+        ca_pem = opts.target_ca if opts.target else (certs.ca_pem if certs else None)
+        ctx = client_context(ca_pem, opts.protocol, opts.insecure) if (opts.tls or opts.target) else None
+        slow = any(b.slow_only for b in scenario.backends)
+        templates = {"fast": review_templates(opts.size_kb, opts.review_version)}
+        if slow:
+            templates["slow"] = review_templates(opts.size_kb, opts.review_version, slow=True)
+
+        fleet = gateway = None
+        direct_endpoint: Endpoint | None = None
+        direct_path = "/allow"
+        gw_endpoint: Endpoint | None
+        if opts.target:
+            gw_endpoint, _ = Endpoint.parse(opts.target, ctx)
+            known = False
+        else:
+            live = [b for b in scenario.backends if not b.dead]
+            say(f"starting {len(live)} backend(s) in a separate process …")
+            fleet = stack.enter_context(processes.managed(processes.spawn_fleet(len(live) or 1, certs)))
+            ports = await processes.fleet_ports(fleet)
+            scheme = "https" if certs else "http"
+            urls: dict[str, str] = {}
+            live_ports = iter(ports)
+            for b in scenario.backends:
+                port = processes.free_port() if b.dead else next(live_ports)
+                urls[b.name] = f"{scheme}://127.0.0.1:{port}{backend_path(b, opts.latency, opts.error_rate)}"
+            write_configs(scenario, urls, ca_pem, tmp / "config")
+            spec = scenario.direct_backend
+            direct_url = urls.get(spec.name, f"{scheme}://127.0.0.1:{ports[0]}/allow")
+            direct_endpoint, direct_path = Endpoint.parse(direct_url, ctx)
+            gw_endpoint = None
+            if opts.gateway:
+                gw_port = processes.free_port()
+                log = tmp / "gateway.log"
+                say(f"starting the gateway on 127.0.0.1:{gw_port} (config in {tmp / 'config'}) …")
+                gateway = stack.enter_context(
+                    processes.managed(
+                        processes.spawn_gateway(tmp / "config", gw_port, certs, log, opts.gateway_args)
+                    )
+                )
+                gw_endpoint = Endpoint("127.0.0.1", gw_port, ctx if certs else None, f"127.0.0.1:{gw_port}")
+                try:
+                    await processes.wait_ready(gw_endpoint, gateway)
+                except (RuntimeError, OSError) as exc:
+                    tail = log.read_text(errors="replace")[-4000:]
+                    raise RuntimeError(f"{exc}\n--- gateway log (tail) ---\n{tail}") from exc
+            known = True
+            for ep in (gw_endpoint, direct_endpoint):
+                assert ep is None or _loopback(ep.host), "without --target, traffic stays on loopback"
+
+        gw_work = gateway_workload(scenario, gw_endpoint, templates, known) if gw_endpoint else None
+        direct_work = (
+            direct_workload(scenario, direct_endpoint, direct_path, templates)
+            if direct_endpoint is not None and opts.direct
+            else None
+        )
+        loads: list[float | None] = list(opts.rates) if opts.rates else [None]
+        for rate in loads:
+            point: dict[str, list[PhaseResult]] = {"direct": [], "gateway": []}
+            for rep in range(opts.repeat):
+                for name, work, pid in (
+                    ("direct", direct_work, fleet.pid if fleet else None),
+                    ("gateway", gw_work, gateway.pid if gateway else None),
+                ):
+                    if work is None:
+                        continue
+                    if opts.warmup > 0:
+                        await Generator(work, opts, opts.protocol, ctx).run(
+                            Recorder(),
+                            duration=opts.warmup,
+                            requests=None,
+                            rate=None,
+                            label=f"{name} warm-up",
+                            progress=progress,
+                        )
+                    rec = Recorder()
+                    snap: dict[str, float] = {}
+
+                    def snapshot(pid: int | None = pid, snap: dict[str, float] = snap) -> None:
+                        if fleet:
+                            snap["fleet"] = processes.proc_cpu_seconds(fleet.pid)
+                        if pid:
+                            snap["server"] = processes.proc_cpu_seconds(pid)
+                        snap["self"] = processes.self_cpu_seconds()
+
+                    label = f"{name} {'closed' if rate is None else f'{rate:g}/s'} #{rep + 1}"
+                    offered = await Generator(work, opts, opts.protocol, ctx).run(
+                        rec,
+                        duration=opts.duration,
+                        requests=opts.requests,
+                        rate=rate,
+                        label=label,
+                        progress=progress,
+                        on_started=snapshot,
+                    )
+                    n = max(rec.ok_count + rec.error_count, 1)
+                    extra: dict[str, Any] = {
+                        "generator_cpu_us_per_review": (processes.self_cpu_seconds() - snap["self"]) / n * 1e6
+                    }
+                    if pid and "server" in snap:
+                        cpu = processes.proc_cpu_seconds(pid) - snap["server"]
+                        extra["cpu_s"] = cpu
+                        extra["cpu_us_per_review"] = cpu / n * 1e6
+                        extra["peak_rss_mb"] = processes.proc_peak_rss_mb(pid)
+                    if fleet and "fleet" in snap:
+                        fleet_cpu = processes.proc_cpu_seconds(fleet.pid) - snap["fleet"]
+                        extra["backend_cpu_us_per_review"] = fleet_cpu / n * 1e6
+                    point[name].append(summarize(name, rec, offered, **extra))
+                    # The histogram shows the first (lowest) load point: saturation is in the left plot.
+                    result.latencies.setdefault(name, rec.all_latencies())
+                    if gateway is not None and gateway.poll() is not None:
+                        tail = (tmp / "gateway.log").read_text(errors="replace")[-4000:]
+                        raise RuntimeError(
+                            f"the gateway exited with {gateway.returncode} during the run\n{tail}"
+                        )
+            result.points.append(point)
+    return result

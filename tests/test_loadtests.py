@@ -1,0 +1,496 @@
+"""The load-test tool (loadtests/): statistics, the open-loop scheduler's intended-time accounting,
+answer verification, scenario expectations and configs, the backend fleet driven directly, and a
+--quick smoke run against a real gateway when one exists."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+import yaml
+
+from loadtests.drive import arrival_offsets, drive_closed_loop, drive_open_loop
+from loadtests.fixtures import SLOW_LABEL, review_templates
+from loadtests.runner import Options, run
+from loadtests.scenarios import SCENARIOS, Expectation, build, expect_direct, expect_gateway, write_configs
+from loadtests.stats import LatencySummary, PhaseResult, Recorder, median_result, percentile, summarize
+from loadtests.verify import INJECTED, OK, Verifier
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# ------------------------------------------------------------------------------------------------
+# Statistics
+
+
+@pytest.mark.parametrize(
+    ("values", "q", "expected"),
+    [
+        pytest.param([1.0, 2.0, 3.0, 4.0], 50, 2.0, id="p50 of four values is the second (nearest rank)"),
+        pytest.param(list(range(1, 101)), 99, 99, id="p99 of 1..100 is 99"),
+        pytest.param(list(range(1, 1001)), 99.9, 999, id="p99.9 of 1..1000 is 999"),
+        pytest.param([5.0], 99.9, 5.0, id="any percentile of one value is that value"),
+        pytest.param([1.0, 9.0], 100, 9.0, id="p100 is the maximum"),
+        pytest.param([1.0, 9.0], 0, 1.0, id="p0 is the minimum"),
+    ],
+)
+def test_percentile(values: list[float], q: float, expected: float) -> None:
+    """Percentiles use the nearest-rank method on sorted values."""
+    assert percentile(values, q) == expected
+
+
+def test_percentile_of_nothing_is_nan() -> None:
+    """An empty sample has no percentile (NaN), not an exception."""
+    assert math.isnan(percentile([], 50))
+
+
+def test_summary_counts_only_correct_answers_as_throughput() -> None:
+    """Errors are reported by kind and never add to throughput or latency."""
+    rec = Recorder(started=10.0, finished=12.0)
+    for ms in (1, 2, 3, 4):
+        rec.ok(ms / 1000)
+    rec.error("wrong-uid")
+    rec.error("wrong-uid")
+    rec.error("http-500")
+    result = summarize("gateway", rec)
+    assert (result.ok, result.throughput_rps, result.errors) == (4, 2.0, {"wrong-uid": 2, "http-500": 1})
+    assert (result.latency.count, result.latency.p50_ms, result.latency.max_ms) == (4, 2.0, 4.0)
+    assert result.by_class == {}
+
+
+def test_summary_splits_latency_classes() -> None:
+    """With more than one latency class (slow-ignore), each class gets its own percentiles."""
+    rec = Recorder(started=0.0, finished=1.0)
+    rec.ok(0.001, "fast")
+    rec.ok(1.0, "slow")
+    result = summarize("gateway", rec)
+    assert result.by_class["fast"].p50_ms == 1.0
+    assert result.by_class["slow"].p50_ms == 1000.0
+    assert result.latency.count == 2
+
+
+def _phase(rps: float, p50: float, errors: dict[str, int]) -> PhaseResult:
+    lat = LatencySummary(10, p50, p50, p50, p50, p50, p50)
+    return PhaseResult("gateway", 1.0, 10, errors, 0, rps, lat, {}, cpu_us_per_review=rps / 10)
+
+
+def test_median_of_repeats() -> None:
+    """--repeat reports the median of each figure and the sum of all errors."""
+    med = median_result([_phase(100, 3, {}), _phase(300, 1, {"x": 1}), _phase(200, 2, {"x": 2})])
+    assert (med.throughput_rps, med.latency.p50_ms, med.cpu_us_per_review) == (200, 2, 20)
+    assert med.errors == {"x": 3}
+
+
+# ------------------------------------------------------------------------------------------------
+# Load shapes
+
+
+def test_constant_arrivals_are_evenly_spaced() -> None:
+    """A constant rate of 4/s over 1 s intends sends at 0, 0.25, 0.5, 0.75 s."""
+    assert arrival_offsets(4, 1.0) == [0.0, 0.25, 0.5, 0.75]
+
+
+def test_arrivals_are_bounded_by_count() -> None:
+    """``limit`` caps the number of arrivals whatever the duration."""
+    assert len(arrival_offsets(1000, 60, limit=7)) == 7
+
+
+def test_poisson_arrivals_are_seeded_and_increasing() -> None:
+    """Poisson arrivals are reproducible per seed, increasing, and stay inside the duration."""
+    a = arrival_offsets(100, 2.0, poisson=True, seed=3)
+    assert a == arrival_offsets(100, 2.0, poisson=True, seed=3)
+    assert a != arrival_offsets(100, 2.0, poisson=True, seed=4)
+    assert all(x < y for x, y in itertools.pairwise(a))
+    assert a[-1] < 2.0
+    assert 100 < len(a) < 300
+
+
+async def test_open_loop_measures_from_the_intended_time(autojump_clock: trio.testing.MockClock) -> None:
+    """A 100 ms stall of the only worker shows up in the latency of every request scheduled during it."""
+    latencies: list[float] = []
+    sends: list[float] = []
+
+    async def handle(worker: int, intended: float) -> None:
+        sends.append(trio.current_time() - start)
+        await trio.sleep(0.1 if not sends[:-1] else 0.001)  # the first request stalls
+        latencies.append(round(trio.current_time() - intended, 6))
+
+    start = trio.current_time()
+    await drive_open_loop([0.0, 0.01, 0.02, 0.2], 1, handle)
+    # Requests 2 and 3 were due at 10 and 20 ms but could only start at 100 and 101 ms.
+    assert [round(s, 6) for s in sends] == [0.0, 0.1, 0.101, 0.2]
+    assert latencies == [0.1, 0.091, 0.082, 0.001]
+
+
+async def test_open_loop_does_not_wait_for_answers(autojump_clock: trio.testing.MockClock) -> None:
+    """With enough workers, arrivals go out on schedule even though every answer takes 1 s."""
+    sends: list[float] = []
+
+    async def handle(worker: int, intended: float) -> None:
+        sends.append(round(trio.current_time() - start, 6))
+        await trio.sleep(1)
+
+    start = trio.current_time()
+    await drive_open_loop([0.0, 0.1, 0.2], 3, handle)
+    assert sends == [0.0, 0.1, 0.2]
+
+
+async def test_closed_loop_is_bounded_by_count(autojump_clock: trio.testing.MockClock) -> None:
+    """The closed loop issues exactly ``max_requests`` requests across its workers."""
+    seen: list[int] = []
+
+    async def handle(worker: int, intended: float) -> None:
+        seen.append(worker)
+        await trio.sleep(0.01)
+
+    await drive_closed_loop(4, 1000.0, 10, handle)
+    assert len(seen) == 10
+    assert set(seen) == {0, 1, 2, 3}
+
+
+async def test_closed_loop_is_bounded_by_duration(autojump_clock: trio.testing.MockClock) -> None:
+    """The closed loop stops issuing once its duration has passed."""
+    count = 0
+
+    async def handle(worker: int, intended: float) -> None:
+        nonlocal count
+        count += 1
+        await trio.sleep(0.125)  # exact in binary, so the count is exact
+
+    await drive_closed_loop(2, 1.0, None, handle)
+    assert count == 16
+
+
+# ------------------------------------------------------------------------------------------------
+# Verification
+
+TEMPLATE = review_templates(2)[0]
+UID = "uid-1"
+
+
+def reply(
+    response: dict[str, Any] | None = None, api_version: str = "admission.k8s.io/v1", uid: str = UID
+) -> bytes:
+    doc: dict[str, Any] = {"apiVersion": api_version, "kind": "AdmissionReview"}
+    if response is not None:
+        doc["response"] = {"uid": uid, **response}
+    return json.dumps(doc).encode()
+
+
+def patch(ops: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "allowed": True,
+        "patchType": "JSONPatch",
+        "patch": base64.b64encode(json.dumps(ops).encode()).decode(),
+    }
+
+
+ADD_M0 = [{"op": "add", "path": "/metadata/labels/loadtest-m0", "value": "true"}]
+ALLOW = Expectation(allowed=True)
+LABEL_M0 = Expectation(allowed=True, labels=("loadtest-m0",))
+DENY_DEAD = Expectation(allowed=False, message_contains='failed calling webhook "dead"')
+DENIAL = {
+    "allowed": False,
+    "status": {"code": 500, "message": 'Internal error occurred: failed calling webhook "dead": x'},
+}
+
+VERDICTS = [
+    pytest.param(200, reply({"allowed": True}), ALLOW, 0.0, OK, id="an expected allow is correct"),
+    pytest.param(
+        200,
+        reply(patch(ADD_M0)),
+        LABEL_M0,
+        0.0,
+        OK,
+        id="a patch adding exactly the expected label is correct",
+    ),
+    pytest.param(
+        200, reply(DENIAL), DENY_DEAD, 0.0, OK, id="an expected denial naming the backend is correct"
+    ),
+    pytest.param(500, b"boom", ALLOW, 0.0, "http-500", id="REV-09: a non-200 status is an error"),
+    pytest.param(
+        200, b"<html>", ALLOW, 0.0, "undecodable-body", id="REV-08: a body that is not JSON is an error"
+    ),
+    pytest.param(
+        200,
+        reply({"allowed": True}, "admission.k8s.io/v1beta1"),
+        ALLOW,
+        0.0,
+        "wrong-api-version-or-kind",
+        id="REV-02: a reply in another version is an error",
+    ),
+    pytest.param(
+        200, reply(None), ALLOW, 0.0, "no-response", id="REV-12: a reply without response is an error"
+    ),
+    pytest.param(
+        200,
+        reply({"allowed": True}, uid="other"),
+        ALLOW,
+        0.0,
+        "wrong-uid",
+        id="REV-02: another uid is an error",
+    ),
+    pytest.param(
+        200,
+        reply({"allowed": False}),
+        ALLOW,
+        0.0,
+        "wrong-decision",
+        id="a denial where allow is due is an error",
+    ),
+    pytest.param(
+        200,
+        reply({"allowed": False, "status": {"message": "other"}}),
+        DENY_DEAD,
+        0.0,
+        "wrong-denial-message",
+        id="ERR-02: a denial not naming the failing backend is an error",
+    ),
+    pytest.param(
+        200, reply({"allowed": True}), LABEL_M0, 0.0, "patch-missing", id="MUT: a missing patch is an error"
+    ),
+    pytest.param(
+        200, reply(patch(ADD_M0)), ALLOW, 0.0, "unexpected-patch", id="MUT: an unexpected patch is an error"
+    ),
+    pytest.param(
+        200,
+        reply(patch([{"op": "remove", "path": "/metadata/nope"}])),
+        LABEL_M0,
+        0.0,
+        "patch-does-not-apply",
+        id="MUT: a patch that does not apply is an error",
+    ),
+    pytest.param(
+        200,
+        reply(patch([{"op": "add", "path": "/metadata/labels/other", "value": "true"}])),
+        LABEL_M0,
+        0.0,
+        "patch-wrong-result",
+        id="MUT: a patch adding the wrong label is an error",
+    ),
+    pytest.param(
+        200,
+        reply({"allowed": True, "patchType": "JSONPatch", "patch": "!!"}),
+        LABEL_M0,
+        0.0,
+        "patch-undecodable",
+        id="MUT: a patch that is not base64 is an error",
+    ),
+    pytest.param(
+        200,
+        reply(DENIAL),
+        ALLOW,
+        0.1,
+        INJECTED,
+        id="with --error-rate a fail-closed denial is counted as injected",
+    ),
+    pytest.param(
+        200,
+        reply(DENIAL),
+        ALLOW,
+        0.0,
+        "wrong-decision",
+        id="without --error-rate the same denial is an error",
+    ),
+]
+
+
+@pytest.mark.parametrize(("status", "body", "expect", "error_rate", "verdict"), VERDICTS)
+def test_verifier(status: int, body: bytes, expect: Expectation, error_rate: float, verdict: str) -> None:
+    """Every answer is classified: correct, injected failure, or an error of a named kind."""
+    assert Verifier(error_rate).check(status, body, UID, TEMPLATE, expect) == verdict
+
+
+def test_direct_injected_error_is_tolerated() -> None:
+    """In the direct baseline an injected HTTP 500 from the backend counts as injected, not wrong."""
+    expect = expect_direct(build("passthrough").validating[0])
+    assert Verifier(0.2).check(500, b"injected backend error\n", UID, TEMPLATE, expect) == INJECTED
+
+
+# ------------------------------------------------------------------------------------------------
+# Scenarios
+
+
+EXPECTATIONS = [
+    pytest.param("passthrough", "validate", "fast", Expectation(allowed=True), id="passthrough allows"),
+    pytest.param(
+        "mutating3",
+        "mutate",
+        "fast",
+        Expectation(allowed=True, labels=("loadtest-m0", "loadtest-m1", "loadtest-m2")),
+        id="mutating3 adds the three labels in order",
+    ),
+    pytest.param(
+        "dead-fail",
+        "validate",
+        "fast",
+        Expectation(
+            allowed=False, message_contains='failed calling webhook "dead.loadtest.webhook-gateway.dev"'
+        ),
+        id="FPT-01: a dead backend under Fail denies, naming it",
+    ),
+    pytest.param(
+        "slow-ignore",
+        "validate",
+        "slow",
+        Expectation(allowed=True),
+        id="FPT-02: a slow backend under Ignore allows",
+    ),
+    pytest.param(
+        "slow-ignore",
+        "validate",
+        "fast",
+        Expectation(allowed=True),
+        id="the slow backend does not select fast reviews",
+    ),
+    pytest.param("none", "validate", "fast", Expectation(allowed=True), id="no matching backend allows"),
+]
+
+
+@pytest.mark.parametrize(("name", "endpoint", "cls", "expected"), EXPECTATIONS)
+def test_expectations(name: str, endpoint: str, cls: str, expected: Expectation) -> None:
+    """Each scenario states the gateway answer it verifies."""
+    assert expect_gateway(build(name), endpoint, cls) == expected
+
+
+def test_mixed_goes_through_mutate_then_validate() -> None:
+    """The mixed scenario sends each review to /mutate and then to /validate, as kube-apiserver does."""
+    scenario = build("mixed")
+    assert scenario.endpoints == ("mutate", "validate")
+    assert (len(scenario.mutating), len(scenario.validating)) == (3, 5)
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_configs_are_webhook_configurations(name: str, tmp_path: Path) -> None:
+    """Generated configs are admissionregistration.k8s.io/v1 objects naming every backend by URL."""
+    scenario = build(name)
+    urls = {b.name: f"https://127.0.0.1:{1000 + k}/allow" for k, b in enumerate(scenario.backends)}
+    paths = write_configs(scenario, urls, b"-----BEGIN CERTIFICATE-----\n", tmp_path)
+    hooks = []
+    for path in paths:
+        doc = yaml.safe_load(path.read_text())
+        assert doc["apiVersion"] == "admissionregistration.k8s.io/v1"
+        assert doc["kind"] in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration")
+        hooks += doc["webhooks"]
+    assert sorted(h["name"] for h in hooks) == sorted(urls)
+    assert all(h["clientConfig"]["url"] == urls[h["name"]] and h["clientConfig"]["caBundle"] for h in hooks)
+    slow = [h for h in hooks if "objectSelector" in h]
+    assert [h["objectSelector"]["matchLabels"] for h in slow] == (
+        [{SLOW_LABEL: "true"}] if name == "slow-ignore" else []
+    )
+
+
+@pytest.mark.parametrize("size_kb", [2, 8, 30])
+def test_review_fixtures(size_kb: int) -> None:
+    """Review templates are realistic Pod CREATE/UPDATE reviews of roughly the asked size with a uid slot."""
+    create, update = review_templates(size_kb)
+    for t in (create, update):
+        doc = json.loads(t.body("u-123"))
+        assert doc["request"]["uid"] == "u-123"
+        assert doc["request"]["object"]["kind"] == "Pod"
+        assert size_kb * 1024 * 0.8 < t.size < max(size_kb * 1024 * 1.25, 5000)
+    assert json.loads(create.body("x"))["request"]["oldObject"] is None
+    assert json.loads(update.body("x"))["request"]["oldObject"]["kind"] == "Pod"
+
+
+# ------------------------------------------------------------------------------------------------
+# The fleet and generator end to end, without a gateway (direct mode)
+
+DIRECT_RUNS = [
+    pytest.param("passthrough", "http1", True, id="HTTP/1.1 over TLS to a validating backend"),
+    pytest.param("mutating3", "h2", True, id="HTTP/2 over TLS to a mutating backend: patches verified"),
+    pytest.param("passthrough", "h2", False, id="h2c to a validating backend"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "protocol", "tls"), DIRECT_RUNS)
+async def test_direct_mode_answers_are_verified(name: str, protocol: str, tls: bool) -> None:
+    """The backend fleet (a separate process) answers the generator correctly: no errors, some throughput."""
+    opts = Options(
+        duration=0.5, warmup=0.1, concurrency=4, protocol=protocol, tls=tls, progress=False, gateway=False
+    )
+    result = await run(build(name), opts, lambda _msg: None)
+    (direct,) = result.points[0]["direct"]
+    assert result.points[0]["gateway"] == []
+    assert direct.errors == {}
+    assert direct.ok > 0
+    assert direct.backend_cpu_us_per_review is not None
+
+
+@pytest.mark.slow
+async def test_direct_open_loop_with_injected_errors() -> None:
+    """Open-loop Poisson load with injected backend errors: failures count as injected, not wrong."""
+    opts = Options(
+        duration=0.5,
+        warmup=0,
+        rates=[200],
+        poisson=True,
+        error_rate=0.5,
+        progress=False,
+        gateway=False,
+        tls=False,
+    )
+    result = await run(build("passthrough"), opts, lambda _msg: None)
+    (direct,) = result.points[0]["direct"]
+    assert direct.errors == {}
+    assert direct.injected > 0
+    assert direct.offered_rps == 200
+
+
+# ------------------------------------------------------------------------------------------------
+# Against a real gateway (skipped until gateway/__main__.py exists)
+
+needs_gateway = pytest.mark.skipif(
+    not (ROOT / "gateway" / "__main__.py").exists(),
+    reason="the gateway CLI (gateway/__main__.py) is not there yet",
+)
+
+
+@pytest.mark.slow
+@needs_gateway
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param(["passthrough"], id="passthrough over HTTP/1.1 + TLS"),
+        pytest.param(["mixed", "--protocol", "h2"], id="mixed over HTTP/2"),
+        pytest.param(["dead-fail", "--no-tls"], id="FPT-01: dead backend under Fail, plaintext"),
+        pytest.param(["slow-ignore"], id="FPT-02: slow backend under Ignore"),
+        pytest.param(["none"], id="no matching backend"),
+    ],
+)
+def test_quick_smoke_against_the_gateway(args: list[str], tmp_path: Path) -> None:
+    """``python -m loadtests <scenario> --quick`` exits 0: every answer the gateway gave was correct."""
+    out = tmp_path / "result.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "loadtests",
+            *args,
+            "--quick",
+            "--duration",
+            "1",
+            "--no-progress",
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    gateway = doc["points"][0]["median"]["gateway"]
+    assert gateway["ok"] > 0
+    assert gateway["errors"] == {}
