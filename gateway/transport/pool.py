@@ -194,7 +194,8 @@ class ClientPool:
                     return h2_connection
             while group.idle:
                 connection = group.idle.pop()
-                if connection.idle_since + self._idle_timeout <= trio.current_time():
+                expired = connection.idle_since + self._idle_timeout <= trio.current_time()
+                if expired or connection.peer_closed_while_idle():
                     await _close(connection)
                     continue
                 connection.state = "ACTIVE"
