@@ -27,6 +27,7 @@ import h2.events
 import h2.exceptions
 import h2.settings
 import h11
+import hyperframe.frame
 import trio
 import trustme
 
@@ -241,6 +242,9 @@ class BackendServer:
                 await trio.sleep_forever()
             if seen.path == "/gate":
                 await self.gate.wait()
+            if seen.path == "/close-now":
+                await stream.aclose()  # the whole connection: every stream on it breaks
+                return
             if seen.path == "/stall-body":
                 connection.send_headers(stream_id, [(b":status", b"200"), (b"content-length", b"100")])
                 connection.send_data(stream_id, b"x" * 10)
@@ -301,7 +305,13 @@ class BackendServer:
                         if self.goaway_after_streams and index == 0:
                             held.append(seen)
                             if len(held) == self.goaway_after_streams:
-                                connection.close_connection(last_stream_id=held[0].stream_id)
+                                # h2 cannot keep serving after close_connection(): write the
+                                # GOAWAY frame itself and go on answering the first stream.
+                                goaway = hyperframe.frame.GoAwayFrame(0)
+                                goaway.last_stream_id = held[0].stream_id or 0
+                                await flush()
+                                async with lock:
+                                    await stream.send_all(goaway.serialize())
                                 nursery.start_soon(respond, held[0])
                         else:
                             nursery.start_soon(respond, seen)
