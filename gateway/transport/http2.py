@@ -99,6 +99,11 @@ class HTTP2Connection:
         """The peer's MAX_CONCURRENT_STREAMS (its SETTINGS arrive before the connection is used)."""
         return int(self._h2.remote_settings.max_concurrent_streams)
 
+    @property
+    def ready(self) -> bool:
+        """The peer's SETTINGS arrived (or the connection failed): the pool may use or drop it."""
+        return self._ready.is_set()
+
     def can_open_stream(self) -> bool:
         """True when a new call may be multiplexed onto this connection now."""
         return (

@@ -201,7 +201,8 @@ class ClientPool:
                 connection.state = "ACTIVE"
                 group.busy[connection] = None
                 return connection
-            if group.connecting and may_speak_h2 and not group.h1_only:
+            opening = group.connecting or any(not c.ready for c in group.h2)
+            if opening and may_speak_h2 and not group.h1_only:
                 # The connection being opened may multiplex us: wait for it instead of dialling.
                 await group.lot.park()
                 continue
