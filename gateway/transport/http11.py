@@ -6,6 +6,7 @@ pool's idle list, anything else (error, cancellation, ``Connection: close``) ret
 
 from __future__ import annotations
 
+import select
 from collections.abc import Sequence
 from typing import Literal
 
@@ -26,6 +27,8 @@ class HTTP11Connection:
         self._stream = stream
         self._h11 = h11.Connection(h11.CLIENT)
         self._peer = socket_peer(stream)
+        inner = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
+        self._fileno = inner.socket.fileno() if isinstance(inner, trio.SocketStream) else -1
         self.label = label
         self.state: ConnectionState = "IDLE"
         self.requests = 0
@@ -33,6 +36,13 @@ class HTTP11Connection:
 
     def __repr__(self) -> str:
         return f"<HTTP11Connection {self.label} {self.state} requests={self.requests}>"
+
+    def peer_closed_while_idle(self) -> bool:
+        """True when an idle connection has something to read: the peer closed it (or misbehaves)."""
+        # A healthy idle HTTP/1.1 connection has nothing to read; EOF or reset show as readable.
+        poller = select.poll()
+        poller.register(self._fileno, select.POLLIN)
+        return bool(poller.poll(0))
 
     async def request(
         self, target: bytes, headers: Sequence[Header], body: bytes, *, max_response_bytes: int

@@ -65,6 +65,7 @@ class HTTP2Connection:
                 h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: 65536,
             },
         )
+        _keep_open_after_goaway(self._h2)
         self._h2.initiate_connection()
         self._h2.increment_flow_control_window(CONNECTION_WINDOW - 65535)
         self._streams: dict[int, _Stream] = {}
@@ -97,6 +98,11 @@ class HTTP2Connection:
     def max_streams(self) -> int:
         """The peer's MAX_CONCURRENT_STREAMS (its SETTINGS arrive before the connection is used)."""
         return int(self._h2.remote_settings.max_concurrent_streams)
+
+    @property
+    def ready(self) -> bool:
+        """The peer's SETTINGS arrived (or the connection failed): the pool may use or drop it."""
+        return self._ready.is_set()
 
     def can_open_stream(self) -> bool:
         """True when a new call may be multiplexed onto this connection now."""
@@ -315,6 +321,17 @@ class HTTP2Connection:
         except h2.exceptions.ProtocolError:
             return  # already closed on both sides
         self._flush()
+
+
+def _keep_open_after_goaway(connection: h2.connection.H2Connection) -> None:
+    # h2 moves its connection state machine to CLOSED on GOAWAY and then refuses the replies to
+    # streams the server promised to finish (RFC 9113 §6.8; python-hyper/h2 issue #1181). Keep this
+    # connection's machine open on a received GOAWAY: we stop opening streams ourselves.
+    machine = connection.state_machine
+    transitions = dict(machine._transitions)
+    open_state = h2.connection.ConnectionState.CLIENT_OPEN
+    transitions[(open_state, h2.connection.ConnectionInputs.RECV_GOAWAY)] = (None, open_state)
+    machine._transitions = transitions
 
 
 def _error_name(code: int | h2.errors.ErrorCodes | None) -> str:

@@ -194,13 +194,15 @@ class ClientPool:
                     return h2_connection
             while group.idle:
                 connection = group.idle.pop()
-                if connection.idle_since + self._idle_timeout <= trio.current_time():
+                expired = connection.idle_since + self._idle_timeout <= trio.current_time()
+                if expired or connection.peer_closed_while_idle():
                     await _close(connection)
                     continue
                 connection.state = "ACTIVE"
                 group.busy[connection] = None
                 return connection
-            if group.connecting and may_speak_h2 and not group.h1_only:
+            opening = group.connecting or any(not c.ready for c in group.h2)
+            if opening and may_speak_h2 and not group.h1_only:
                 # The connection being opened may multiplex us: wait for it instead of dialling.
                 await group.lot.park()
                 continue

@@ -6,6 +6,8 @@ Like upstream's ``webhook_server.go`` the server switches on the request path:
 - ``/stall-body``: headers (Content-Length 100) and 10 body bytes, then nothing
 - ``/close-mid``: headers and 10 of 100 body bytes, then close
 - ``/close-after``: answer, then silently close the (keep-alive) connection
+- ``/close-on-next``, ``/reset-on-next``: answer; when the next request starts arriving, close
+  (or reset) the connection without processing it: a keep-alive race the client must absorb
 - ``/close-now``: close without answering; ``/connection-close``: answer with ``Connection: close``
 - ``/big/<n>``: an n-byte body; ``/chunked/<n>``: the same without Content-Length (HTTP/1.1 chunked)
 - ``/status/<code>``: that status (3xx carry ``Location: /elsewhere``); anything else: 200 ``{}``
@@ -13,7 +15,9 @@ Like upstream's ``webhook_server.go`` the server switches on the request path:
 
 from __future__ import annotations
 
+import socket
 import ssl
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -23,6 +27,7 @@ import h2.events
 import h2.exceptions
 import h2.settings
 import h11
+import hyperframe.frame
 import trio
 import trustme
 
@@ -180,7 +185,8 @@ class BackendServer:
             await stream.send_all(b"".join(connection.send(e) or b"" for e in events))
 
         if path == "/hang":
-            await trio.sleep_forever()
+            await _until_closed(stream)
+            return False
         if path == "/close-now":
             return False
         if path == "/gate":
@@ -190,7 +196,7 @@ class BackendServer:
                 h11.Response(status_code=200, headers=[("content-length", "100")]), h11.Data(data=b"x" * 10)
             )
             if path == "/stall-body":
-                await trio.sleep_forever()
+                await _until_closed(stream)
             return False
         status, headers, body = _reply(path)
         if path.startswith("/chunked/"):
@@ -200,6 +206,11 @@ class BackendServer:
         if path == "/connection-close":
             headers.append(("connection", "close"))
         await send(h11.Response(status_code=status, headers=headers), h11.Data(data=body), h11.EndOfMessage())
+        if path in ("/close-on-next", "/reset-on-next"):
+            await stream.receive_some(1)
+            if path == "/reset-on-next":
+                _linger_zero(stream)
+            return False
         return path != "/close-after"
 
     # --- HTTP/2 -------------------------------------------------------------------------------
@@ -231,6 +242,9 @@ class BackendServer:
                 await trio.sleep_forever()
             if seen.path == "/gate":
                 await self.gate.wait()
+            if seen.path == "/close-now":
+                await stream.aclose()  # the whole connection: every stream on it breaks
+                return
             if seen.path == "/stall-body":
                 connection.send_headers(stream_id, [(b":status", b"200"), (b"content-length", b"100")])
                 connection.send_data(stream_id, b"x" * 10)
@@ -291,7 +305,13 @@ class BackendServer:
                         if self.goaway_after_streams and index == 0:
                             held.append(seen)
                             if len(held) == self.goaway_after_streams:
-                                connection.close_connection(last_stream_id=held[0].stream_id)
+                                # h2 cannot keep serving after close_connection(): write the
+                                # GOAWAY frame itself and go on answering the first stream.
+                                goaway = hyperframe.frame.GoAwayFrame(0)
+                                goaway.last_stream_id = held[0].stream_id or 0
+                                await flush()
+                                async with lock:
+                                    await stream.send_all(goaway.serialize())
                                 nursery.start_soon(respond, held[0])
                         else:
                             nursery.start_soon(respond, seen)
@@ -306,6 +326,19 @@ class BackendServer:
                         self._notify()
                 await flush()
             nursery.cancel_scope.cancel()
+
+
+async def _until_closed(stream: trio.abc.Stream) -> None:
+    """Never answer, but notice when the client closes the connection."""
+    while await stream.receive_some(65536):
+        pass
+
+
+def _linger_zero(stream: trio.abc.Stream) -> None:
+    # SO_LINGER 0: close() sends RST instead of FIN, like a crashed or overloaded peer.
+    inner = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
+    assert isinstance(inner, trio.SocketStream)
+    inner.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
 
 def _reply(path: str) -> tuple[int, list[tuple[str, str]], bytes]:

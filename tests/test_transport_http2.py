@@ -1,0 +1,211 @@
+"""The client pool over HTTP/2 against real backends on 127.0.0.1: multiplexing, flow control, GOAWAY."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+import trustme
+
+from gateway.config.model import ClientConfig, ServiceReference
+from gateway.errors import ResponseTooLarge, TransportError, TransportTimeout
+from gateway.transport import ClientPool, Target, resolve_target
+from tests.support.httpservers import BackendServer, server_context
+
+CANCEL = 0x8  # h2 ErrorCodes.CANCEL
+
+
+def target(url: str, ca_bundle: bytes = b"") -> Target:
+    return resolve_target(ClientConfig(url=url, ca_bundle=ca_bundle), None)
+
+
+async def start(nursery: trio.Nursery, **options: object) -> BackendServer:
+    server: BackendServer = await nursery.start(BackendServer(h2c=True, **options).serve)  # type: ignore[arg-type]
+    return server
+
+
+@pytest.fixture(scope="module")
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+async def _gated_calls(pool: ClientPool, server: BackendServer, count: int) -> list[int]:
+    """Start ``count`` concurrent calls to /gate, wait until the server holds ``seen`` of them."""
+    statuses: list[int] = []
+
+    async def call() -> None:
+        response = await pool.post(target(server.url("/gate")), body=b"{}", timeout_seconds=5)
+        statuses.append(response.status)
+
+    async with trio.open_nursery() as calls:
+        for _ in range(count):
+            calls.start_soon(call)
+        await trio.testing.wait_all_tasks_blocked()
+        server.gate.set()
+    return statuses
+
+
+async def test_streams_wait_for_the_peer_limit(nursery: trio.Nursery) -> None:
+    """MAX_CONCURRENT_STREAMS=2 and one connection allowed: ten calls run two at a time on it."""
+    server = await start(nursery, max_concurrent_streams=2)
+    async with ClientPool(max_connections_per_origin=1, h2c_prior_knowledge=True) as pool:
+        statuses: list[int] = []
+
+        async def call() -> None:
+            response = await pool.post(target(server.url("/gate")), body=b"{}", timeout_seconds=5)
+            statuses.append(response.status)
+
+        async with trio.open_nursery() as calls:
+            for _ in range(10):
+                calls.start_soon(call)
+            await server.wait_until(lambda: len(server.requests) == 2)
+            await trio.testing.wait_all_tasks_blocked()
+            assert len(server.requests) == 2
+            assert repr(pool) == (
+                "<ClientPool origins=1 connections="
+                f"[<HTTP2Connection 127.0.0.1:{server.port} ACTIVE streams=2 requests=2>]>"
+            )
+            server.gate.set()
+        assert statuses == [200] * 10
+        assert (server.connections, server.peak_streams) == (1, 2)
+        assert repr(pool) == (
+            "<ClientPool origins=1 connections="
+            f"[<HTTP2Connection 127.0.0.1:{server.port} IDLE streams=0 requests=10>]>"
+        )
+
+
+async def test_saturated_connections_make_room_with_new_ones(nursery: trio.Nursery) -> None:
+    """With MAX_CONCURRENT_STREAMS=2 and no tight bound, ten concurrent calls spread over five connections."""
+    server = await start(nursery, max_concurrent_streams=2)
+    async with ClientPool(h2c_prior_knowledge=True) as pool:
+        statuses: list[int] = []
+
+        async def call() -> None:
+            response = await pool.post(target(server.url("/gate")), body=b"{}", timeout_seconds=5)
+            statuses.append(response.status)
+
+        async with trio.open_nursery() as calls:
+            for _ in range(10):
+                calls.start_soon(call)
+            await server.wait_until(lambda: len(server.requests) == 10)
+            server.gate.set()
+        assert statuses == [200] * 10
+        assert (server.connections, server.peak_streams) == (5, 2)
+        assert sum(pool.open_connections().values()) == 5
+
+
+async def test_goaway_resends_unprocessed_streams(nursery: trio.Nursery) -> None:
+    """GOAWAY: streams above last_stream_id were not processed and go to a new connection; no new streams."""
+    server = await start(nursery, goaway_after_streams=3)
+    async with ClientPool(h2c_prior_knowledge=True) as pool:
+        statuses: list[int] = []
+
+        async def call() -> None:
+            response = await pool.post(target(server.url("/x")), body=b"{}", timeout_seconds=5)
+            statuses.append(response.status)
+
+        async with trio.open_nursery() as calls:
+            for _ in range(3):
+                calls.start_soon(call)
+    assert statuses == [200] * 3
+    assert [(r.connection, r.stream_id) for r in server.requests] == [(0, 1), (0, 3), (0, 5), (1, 1), (1, 3)]
+
+
+async def _cancel_when_seen(server: BackendServer, scope: trio.CancelScope) -> None:
+    await server.wait_until(lambda: len(server.requests) == 1)
+    scope.cancel()
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        pytest.param("timeout", id="FPT-05: a call whose deadline passes resets its stream with CANCEL"),
+        pytest.param("caller gone", id="a call whose caller goes away resets its stream with CANCEL"),
+    ],
+)
+async def test_cancelled_stream_is_reset(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock, how: str
+) -> None:
+    """The server observes RST_STREAM(CANCEL); the connection stays and serves the next call."""
+    server = await start(nursery)
+    async with ClientPool(h2c_prior_knowledge=True) as pool:
+        if how == "timeout":
+            with pytest.raises(TransportTimeout):
+                await pool.post(target(server.url("/hang")), body=b"{}", timeout_seconds=3)
+        else:
+            with trio.CancelScope() as scope:
+                nursery.start_soon(_cancel_when_seen, server, scope)
+                await pool.post(target(server.url("/hang")), body=b"{}", timeout_seconds=30)
+            assert scope.cancelled_caught
+        await server.wait_until(lambda: bool(server.resets))
+        assert server.resets == [(1, CANCEL)]
+        response = await pool.post(target(server.url("/")), body=b"{}", timeout_seconds=3)
+    assert (response.status, server.connections) == (200, 1)
+
+
+async def test_flow_control_large_bodies(nursery: trio.Nursery) -> None:
+    """Bodies larger than the initial windows flow both ways (send windows, acknowledged data)."""
+    server = await start(nursery)
+    body = b"y" * (1024 * 1024 + 17)
+    async with ClientPool(h2c_prior_knowledge=True) as pool:
+        response = await pool.post(target(server.url("/big/5000000")), body=body, timeout_seconds=30)
+    assert (response.status, len(response.body), response.http_version) == (200, 5_000_000, "HTTP/2")
+    assert server.requests[0].body == body
+
+
+async def test_oversize_reply_resets_only_its_stream(nursery: trio.Nursery) -> None:
+    """TRN-12: past max_response_bytes the stream is reset; the connection keeps serving."""
+    server = await start(nursery)
+    async with ClientPool(h2c_prior_knowledge=True, max_response_bytes=1000) as pool:
+        with pytest.raises(ResponseTooLarge):
+            await pool.post(target(server.url("/big/100000")), body=b"{}", timeout_seconds=5)
+        await server.wait_until(lambda: bool(server.resets))
+        response = await pool.post(target(server.url("/")), body=b"{}", timeout_seconds=5)
+    assert (response.status, server.connections, server.resets) == (200, 1, [(1, CANCEL)])
+
+
+async def test_connection_failure_fails_every_stream(nursery: trio.Nursery) -> None:
+    """A broken connection fails all its calls in flight, none of them resent (FPT-10)."""
+    server = await start(nursery)
+    causes: dict[str, str] = {}
+    async with ClientPool(h2c_prior_knowledge=True) as pool:
+
+        async def call(path: str) -> None:
+            with pytest.raises(TransportError) as info:
+                await pool.post(target(server.url(path)), body=b"{}", timeout_seconds=5)
+            causes[path] = info.value.cause
+
+        async with trio.open_nursery() as calls:
+            calls.start_soon(call, "/hang")
+            await server.wait_until(lambda: len(server.requests) == 1)
+            calls.start_soon(call, "/close-now")
+        assert repr(pool) == "<ClientPool origins=1 connections=[]>"
+    assert causes == {"/hang": "unexpected EOF", "/close-now": "unexpected EOF"}
+    assert len(server.requests) == 2
+
+
+@pytest.mark.parametrize(
+    ("service", "expected"),
+    [
+        pytest.param(True, "HTTP/1.1", id="TRN-08: a service name is offered only http/1.1"),
+        pytest.param(False, "HTTP/2", id="TRN-08: a loopback url negotiates h2 by ALPN"),
+    ],
+)
+async def test_alpn_offers_h2_only_to_loopback(
+    nursery: trio.Nursery, ca: trustme.CA, service: bool, expected: str
+) -> None:
+    """Over TLS, h2 is offered by ALPN only for loopback hosts; the server supports both."""
+    context = server_context(ca, "hook.ns.svc", "localhost")
+    server: BackendServer = await nursery.start(BackendServer(ssl_context=context).serve)
+    bundle = ca.cert_pem.bytes()
+    if service:
+        config = ClientConfig(
+            service=ServiceReference(namespace="ns", name="hook", path="/v"), ca_bundle=bundle
+        )
+        call_target = resolve_target(config, None)
+    else:
+        call_target = target(server.url("/v", host="localhost"), bundle)
+    async with ClientPool(connect_override={"hook.ns.svc": ("127.0.0.1", server.port)}) as pool:
+        response = await pool.post(call_target, body=b"{}", timeout_seconds=5)
+    assert (response.status, response.http_version) == (200, expected)
+    assert server.requests[0].alpn == ("http/1.1" if service else "h2")
