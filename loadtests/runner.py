@@ -330,8 +330,11 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
                     )
                 )
                 gw_endpoint = Endpoint("127.0.0.1", gw_port, ctx if certs else None, f"127.0.0.1:{gw_port}")
+                # The readiness probe speaks HTTP/1.1, whatever protocol the load uses.
+                probe_ctx = client_context(ca_pem, "http1", opts.insecure) if certs else None
+                probe = Endpoint("127.0.0.1", gw_port, probe_ctx, f"127.0.0.1:{gw_port}")
                 try:
-                    await processes.wait_ready(gw_endpoint, gateway)
+                    await processes.wait_ready(probe, gateway)
                 except (RuntimeError, OSError) as exc:
                     tail = log.read_text(errors="replace")[-4000:]
                     raise RuntimeError(f"{exc}\n--- gateway log (tail) ---\n{tail}") from exc

@@ -164,6 +164,7 @@ def write_configs(
                     }
                 ],
                 "failurePolicy": spec.failure_policy,
+                "matchPolicy": "Exact",  # rules name exact versions; no MAT-10 warning
                 "sideEffects": "None",
                 "admissionReviewVersions": ["v1"],
                 "timeoutSeconds": spec.timeout_seconds,
