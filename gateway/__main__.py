@@ -6,6 +6,7 @@ Configures logging once, then runs ``serve`` (default), ``check`` or ``demo``.
 from __future__ import annotations
 
 import sys
+from argparse import Namespace
 from collections.abc import Sequence
 
 
@@ -22,34 +23,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     return serve(invocation.options)
 
 
-def check(options: object) -> int:
+def check(options: Namespace) -> int:
     """Validate a configuration directory: print every problem, exit 1 on errors."""
     from gateway.config.load import load_directory
     from gateway.errors import ConfigError
 
+    where = options.config
     try:
-        snapshot = load_directory(options.config, strict_https=options.strict_https)  # type: ignore[attr-defined]
+        snapshot = load_directory(where, strict_https=options.strict_https)
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"{problem.severity}: {problem}", file=sys.stderr)
-        errors = len(exc.errors)
-        print(f"{options.config}: {errors} error(s); configuration refused", file=sys.stderr)  # type: ignore[attr-defined]
+        print(f"{where}: {len(exc.errors)} error(s); configuration refused", file=sys.stderr)
         return 1
     except OSError as exc:
-        print(f"{options.config}: {exc}", file=sys.stderr)  # type: ignore[attr-defined]
+        print(f"{where}: {exc}", file=sys.stderr)
         return 1
     for problem in snapshot.warnings:
         print(f"warning: {problem}", file=sys.stderr)
     print(
-        f"{options.config}: OK: {len(snapshot.validating)} validating and {len(snapshot.mutating)} mutating "  # type: ignore[attr-defined]
-        f"webhooks, {len(snapshot.namespaces)} namespaces, {len(snapshot.warnings)} warning(s)"
+        f"{where}: OK: {len(snapshot.validating)} validating and {len(snapshot.mutating)} mutating webhooks, "
+        f"{len(snapshot.namespaces)} namespaces, {len(snapshot.warnings)} warning(s)"
     )
-    if snapshot.warnings and options.warnings_as_errors:  # type: ignore[attr-defined]
-        return 1
-    return 0
+    return 1 if snapshot.warnings and options.warnings_as_errors else 0
 
 
-def serve(options: object) -> int:
+def serve(options: Namespace) -> int:
+    """Run the gateway until SIGTERM/SIGINT; exit 2 if the configuration is refused at start-up."""
     from functools import partial
 
     import trio
@@ -58,11 +58,11 @@ def serve(options: object) -> int:
     from gateway.observability import Observability, configure_logging
     from gateway.server.serve import serve as run_server
 
-    configure_logging(options.log_level, options.log_format)  # type: ignore[attr-defined]
+    configure_logging(options.log_level, options.log_format)
     observer = Observability(
-        metrics=not options.no_metrics,  # type: ignore[attr-defined]
-        review_log=not options.no_review_log,  # type: ignore[attr-defined]
-        log_bodies=options.log_bodies,  # type: ignore[attr-defined]
+        metrics=not options.no_metrics,
+        review_log=not options.no_review_log,
+        log_bodies=options.log_bodies,
     )
     try:
         trio.run(partial(run_server, options, observer=observer))

@@ -62,14 +62,19 @@ class _ObjectMeta(msgspec.Struct):
     metadata: _Labels | None = None
 
 
-_labels_decoder: Final = msgspec.json.Decoder(_ObjectMeta | None)  # type: ignore[arg-type]
+_labels_decoder: Final = msgspec.json.Decoder(_ObjectMeta | None)
 
 NULL: Final = msgspec.Raw(b"null")
 
 
 def is_null(doc: msgspec.Raw | None) -> bool:
     """True for an absent object or a JSON ``null`` (oldObject on CREATE, object on DELETE)."""
-    return doc is None or bytes(doc).strip() in (b"", b"null")
+    if doc is None:
+        return True
+    # Look at the first bytes only: objects are large, and nothing else that is valid JSON here
+    # starts with "null" (the codec already turns a null object into None).
+    head = bytes(memoryview(doc)[:16]).lstrip()
+    return not head or head.startswith(b"null")
 
 
 def object_labels(doc: msgspec.Raw | None) -> dict[str, str] | None:
@@ -78,7 +83,7 @@ def object_labels(doc: msgspec.Raw | None) -> dict[str, str] | None:
     ``None`` when there is no object or it has no ``metadata`` object (never matches); ``{}`` when it
     has metadata but no labels (tested against the empty label set).
     """
-    if is_null(doc):
+    if doc is None or is_null(doc):
         return None
     try:
         meta = _labels_decoder.decode(doc)
@@ -123,7 +128,7 @@ class AdmissionAttributes:
         sub_resource: str = "",
         name: str = "",
         namespace: str = "",
-        object: msgspec.Raw | None = None,  # noqa: A002 - the Kubernetes field name
+        object: msgspec.Raw | None = None,
         old_object: msgspec.Raw | None = None,
         dry_run: bool = False,
     ) -> None:
@@ -137,8 +142,8 @@ class AdmissionAttributes:
         self.object = object
         self.old_object = old_object
         self.dry_run = dry_run
-        self._labels: dict[str, str] | None | bool = False  # False: not decoded yet
-        self._old_labels: dict[str, str] | None | bool = False
+        self._labels: dict[str, str] | bool | None = False  # False: not decoded yet
+        self._old_labels: dict[str, str] | bool | None = False
 
     def object_labels(self) -> dict[str, str] | None:
         if self._labels is False:

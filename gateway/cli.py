@@ -42,7 +42,7 @@ def _add_option(
 class _EnvDefaults(argparse.ArgumentParser):
     """An ArgumentParser whose option defaults come from WEBHOOK_GATEWAY_* variables."""
 
-    def add_option(self, flag: str, *, help: str, **kwargs: Any) -> None:  # noqa: A002
+    def add_option(self, flag: str, *, help: str, **kwargs: Any) -> None:
         _add_option(self, flag, help=help, **kwargs)
 
 
@@ -55,41 +55,46 @@ def _serve_parser(prog: str) -> _EnvDefaults:
         "bundled end-to-end demonstration.",
     )
     g = p.add_argument_group("serving")
-    _add_option(g, 
+    _add_option(
+        g,
         "--config",
         help="directory of Validating/MutatingWebhookConfiguration and Namespace files",
         default="config/webhooks",
     )
     _add_option(g, "--bind", help="HOST:PORT to serve HTTP/1.1 and HTTP/2 on", default="127.0.0.1:8443")
-    _add_option(g, 
-        "--certfile", help="serving certificate (PEM); with --keyfile enables TLS (ALPN h2, http/1.1)"
+    _add_option(
+        g, "--certfile", help="serving certificate (PEM); with --keyfile enables TLS (ALPN h2, http/1.1)"
     )
     _add_option(g, "--keyfile", help="serving private key (PEM)")
-    _add_option(g, 
-        "--client-ca", help="CA bundle (PEM): require and verify client certificates (the apiserver)"
+    _add_option(
+        g, "--client-ca", help="CA bundle (PEM): require and verify client certificates (the apiserver)"
     )
     _add_option(g, "--metrics-bind", help="serve /metrics (and /healthz) on a separate plaintext HOST:PORT")
     _add_option(g, "--validate-path", help="path of the validating endpoint", default="/validate")
     _add_option(g, "--mutate-path", help="path of the mutating endpoint", default="/mutate")
-    _add_option(g, 
+    _add_option(
+        g,
         "--max-request-bytes",
         help="largest accepted review body (HTTP 413 above)",
         type=int,
         default=32 * 1024 * 1024,
     )
-    _add_option(g, 
+    _add_option(
+        g,
         "--drain-seconds",
         help="after SIGTERM: keep serving (readyz 503) this long before closing",
         type=float,
         default=5.0,
     )
-    _add_option(g, 
+    _add_option(
+        g,
         "--shutdown-timeout",
         help="then wait at most this long for in-flight reviews",
         type=float,
         default=30.0,
     )
-    _add_option(g, 
+    _add_option(
+        g,
         "--config-poll-seconds",
         help="how often the config directory and TLS files are checked",
         type=float,
@@ -97,33 +102,41 @@ def _serve_parser(prog: str) -> _EnvDefaults:
     )
 
     d = p.add_argument_group("dispatch")
-    _add_option(d, 
+    _add_option(
+        d,
         "--default-timeout",
         help="budget when the caller sends no ?timeout= (seconds)",
         type=float,
         default=10.0,
     )
-    _add_option(d, 
+    _add_option(
+        d,
         "--deadline-margin",
         help="answer this many seconds before the caller's timeout",
         type=float,
         default=0.2,
     )
-    _add_option(d, 
+    _add_option(
+        d,
         "--patch-mode",
         help="combined patch: concatenation of backend patches, or a computed diff",
         choices=("concat", "diff"),
         default="concat",
     )
-    _add_option(d, 
-        "--audit-patches", help="also return patch.round_<r>_index_<i> audit annotations", action="store_true"
+    _add_option(
+        d,
+        "--audit-patches",
+        help="also return patch.round_<r>_index_<i> audit annotations",
+        action="store_true",
     )
-    _add_option(d, 
+    _add_option(
+        d,
         "--include-virtual-resources",
         action="store_true",
         help="send token/subject-access reviews to backends too (older apiservers did)",
     )
-    _add_option(d, 
+    _add_option(
+        d,
         "--strict-https",
         action="store_true",
         help="refuse http:// backend URLs even on loopback (upstream's rule)",
@@ -131,25 +144,32 @@ def _serve_parser(prog: str) -> _EnvDefaults:
 
     t = p.add_argument_group("backends")
     _add_option(t, "--backend-kubeconfig", help="kubeconfig-format file with per-host backend credentials")
-    _add_option(t, 
+    _add_option(
+        t,
         "--max-backend-response-bytes",
         help="largest accepted backend reply",
         type=int,
         default=16 * 1024 * 1024,
     )
-    _add_option(t, 
-        "--max-connections-per-backend", help="connection pool bound per backend origin", type=int, default=64
+    _add_option(
+        t,
+        "--max-connections-per-backend",
+        help="connection pool bound per backend origin",
+        type=int,
+        default=64,
     )
 
     n = p.add_argument_group("namespaces")
-    _add_option(n, 
+    _add_option(
+        n,
         "--namespace-source",
         choices=("config", "cluster"),
         default="config",
         help="where namespaceSelector labels come from: Namespace objects in --config, or a watch",
     )
     _add_option(n, "--kubeconfig", help="kubeconfig for --namespace-source=cluster (default: in-cluster)")
-    _add_option(n, 
+    _add_option(
+        n,
         "--unknown-namespace",
         choices=("notFound", "emptyLabels"),
         default="notFound",
@@ -157,8 +177,8 @@ def _serve_parser(prog: str) -> _EnvDefaults:
     )
 
     o = p.add_argument_group("observability")
-    _add_option(o, 
-        "--log-level", choices=("debug", "info", "warning", "error"), default="info", help="log level"
+    _add_option(
+        o, "--log-level", choices=("debug", "info", "warning", "error"), default="info", help="log level"
     )
     _add_option(o, "--log-format", choices=("json", "console"), default="json", help="log format")
     _add_option(o, "--log-bodies", action="store_true", help="debug: include review bodies in logs")

@@ -26,7 +26,9 @@ def demo_config_dir() -> Path:
     return Path(str(resources.files("gateway") / "data" / "demo"))
 
 
-def _pod(name: str, labels: dict[str, str], image: str = "registry.example.com/shop/web:1.4.2") -> dict[str, Any]:
+def _pod(
+    name: str, labels: dict[str, str], image: str = "registry.example.com/shop/web:1.4.2"
+) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -56,13 +58,22 @@ def _review(obj: dict[str, Any], version: str = "v1") -> dict[str, Any]:
 
 STEPS: list[tuple[str, str, dict[str, Any]]] = [
     ("an ordinary Pod", "validate", _pod("web", {"app": "web"})),
-    ("a Pod from an untrusted registry", "validate",
-     _pod("evil", {"app": "evil", "demo/image": "untrusted"}, image="evil.example.com/miner:latest")),
+    (
+        "a Pod from an untrusted registry",
+        "validate",
+        _pod("evil", {"app": "evil", "demo/image": "untrusted"}, image="evil.example.com/miner:latest"),
+    ),
     ("the same ordinary Pod, mutating", "mutate", _pod("web", {"app": "web"})),
-    ("a Pod audited by a slow backend (Ignore, 1 s timeout)", "validate",
-     _pod("audited", {"app": "web", "demo/audit": "slow"})),
-    ("a Pod that needs the (unavailable) quota service (Fail)", "validate",
-     _pod("budget", {"app": "web", "demo/quota": "check"})),
+    (
+        "a Pod audited by a slow backend (Ignore, 1 s timeout)",
+        "validate",
+        _pod("audited", {"app": "web", "demo/audit": "slow"}),
+    ),
+    (
+        "a Pod that needs the (unavailable) quota service (Fail)",
+        "validate",
+        _pod("budget", {"app": "web", "demo/quota": "check"}),
+    ),
 ]
 
 BOLD, GREEN, RED, DIM, RESET = "\033[1m", "\033[32m", "\033[31m", "\033[2m", "\033[0m"
@@ -72,7 +83,7 @@ def _paint(text: str, color: str, enabled: bool) -> str:
     return f"{color}{text}{RESET}" if enabled else text
 
 
-def describe(step: int, title: str, endpoint: str, reply: dict[str, Any], ms: float, color: bool) -> str:
+def describe(step: int, title: str, endpoint: str, reply: dict[str, Any], *, ms: float, color: bool) -> str:
     """One decision, readably."""
     resp = reply["response"]
     lines = [_paint(f"{step}. {title}", BOLD, color) + _paint(f"  POST /{endpoint}  {ms:.1f} ms", DIM, color)]
@@ -104,10 +115,22 @@ async def _run(options: Namespace) -> int:
     config_dir = options.config or str(demo_config_dir())
     color = sys.stdout.isatty()
     async with trio.open_nursery() as nursery:
-        await nursery.start(lambda task_status: serve_backend(port=DEMO_BACKEND_PORT, task_status=task_status))
+        await nursery.start(
+            lambda task_status: serve_backend(port=DEMO_BACKEND_PORT, task_status=task_status)
+        )
         gateway_options = parse(
-            ["--config", config_dir, "--bind", "127.0.0.1:0", "--drain-seconds", "0", "--log-level", "warning",
-             "--log-format", options.log_format]
+            [
+                "--config",
+                config_dir,
+                "--bind",
+                "127.0.0.1:0",
+                "--drain-seconds",
+                "0",
+                "--log-level",
+                "warning",
+                "--log-format",
+                options.log_format,
+            ]
         ).options
         running = await nursery.start(
             lambda task_status: serve(gateway_options, handle_signals=False, task_status=task_status)
@@ -123,7 +146,7 @@ async def _run(options: Namespace) -> int:
                 started = trio.current_time()
                 resp = await pool.post(target, body=body, timeout_seconds=10)
                 ms = (trio.current_time() - started) * 1000
-                print(describe(i, title, endpoint, json.loads(resp.body), ms, color) + "\n")
+                print(describe(i, title, endpoint, json.loads(resp.body), ms=ms, color=color) + "\n")
         print("Run the gateway yourself:  webhook-gateway --config config/webhooks --bind 127.0.0.1:8443")
         running.shutdown()
         nursery.cancel_scope.cancel()
@@ -135,5 +158,3 @@ def run_demo(options: Namespace) -> int:
 
     configure_logging("warning", options.log_format)
     return trio.run(_run, options)
-
-

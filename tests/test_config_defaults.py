@@ -1,5 +1,4 @@
 """Defaults per apiVersion (CFG-03/04) and the single internal model both versions map to (CFG-05)."""
-# ruff: noqa: E501  (rows hold exact, long messages on one line each)
 
 from __future__ import annotations
 

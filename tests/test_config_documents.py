@@ -1,5 +1,4 @@
 """Configuration sources and documents (CFG-01, CFG-02, CFG-23, unknown fields, types, directories)."""
-# ruff: noqa: E501  (rows hold exact, long messages on one line each)
 
 from __future__ import annotations
 

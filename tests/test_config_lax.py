@@ -1,5 +1,4 @@
 """Objects read from a live cluster: the apiserver's update ratchets become warnings (CFG-24)."""
-# ruff: noqa: E501  (rows hold exact, long messages on one line each)
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
 """The Snapshot: effective order (ORD-01/03/05), immutability, caBundles (CFG-17), load-time warnings."""
-# ruff: noqa: E501  (rows hold exact, long messages on one line each)
 
 from __future__ import annotations
 

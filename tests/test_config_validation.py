@@ -1,5 +1,4 @@
 """Validation of configuration objects (CFG-06..22): every rule refuses a bad config with upstream's text."""
-# ruff: noqa: E501  (the rows hold upstream's exact, long messages on one line each)
 
 from __future__ import annotations
 

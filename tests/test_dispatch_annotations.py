@@ -1,7 +1,5 @@
 """Audit annotations and warnings of one review (AUD-01..09)."""
 
-# ruff: noqa: E501 - the tables hold long keys and texts on one line each
-
 from __future__ import annotations
 
 import hashlib

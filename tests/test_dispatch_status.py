@@ -1,7 +1,5 @@
 """Deny statuses and non-2xx causes (ERR-01..10, MUT-06/09/10, VAL-06/07)."""
 
-# ruff: noqa: E501 - the tables hold the spec's long texts on one line each
-
 from __future__ import annotations
 
 import pytest

@@ -21,7 +21,6 @@ from tests.support.gateway import (
     gateway_client,
     port_of,
     review,
-    run_scenario,
     start_gateway,
     write_config,
 )

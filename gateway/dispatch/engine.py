@@ -500,10 +500,10 @@ class _Chain:
             raise fail(  # MUT-10
                 status.changed_kind_status(
                     hook.name,
-                    before.get("apiVersion"),
-                    before.get("kind"),
-                    after.get("apiVersion"),
-                    after.get("kind"),
+                    str(before.get("apiVersion", "")),
+                    str(before.get("kind", "")),
+                    str(after.get("apiVersion", "")),
+                    str(after.get("kind", "")),
                 )
             )
         self.patches.append(raw)

@@ -117,11 +117,12 @@ class GatewayApp:
         self.settings = settings or ServerSettings()
         self._endpoints = {self.settings.validate_path: "validating", self.settings.mutate_path: "mutating"}
         self.in_flight = 0  # reviews being handled right now (graceful shutdown waits for zero)
+        self._idle = trio.Event()
+        self._idle.set()
 
     async def wait_idle(self) -> None:
-        """Return once no review is in flight (polled: only used while shutting down)."""
-        while self.in_flight:
-            await trio.sleep(0.01)
+        """Return once no review is in flight."""
+        await self._idle.wait()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -169,6 +170,8 @@ class GatewayApp:
         traceparent = _header(scope, b"traceparent")
         start_review_trace(traceparent)  # backend calls carry child contexts of the caller's trace
         self.observer.review_started(endpoint)
+        if not self.in_flight:
+            self._idle = trio.Event()
         self.in_flight += 1
         code, inbound, verdict, error = 500, None, None, ""
         try:
@@ -204,6 +207,8 @@ class GatewayApp:
             await _respond(send, 200, reply, _JSON)
         finally:
             self.in_flight -= 1
+            if not self.in_flight:
+                self._idle.set()
             self.observer.review_finished(
                 endpoint,
                 code=code,
@@ -265,9 +270,7 @@ class GatewayApp:
     async def _decide_now(self, endpoint: str, inbound: InboundReview, deadline: float) -> Verdict:
         attrs = inbound.attributes
         report = DispatchReport(kind=endpoint, operation=attrs.operation)  # type: ignore[arg-type]
-        if is_exempt(
-            attrs, exclude_virtual_resources=self.dispatcher.settings.exclude_virtual_resources
-        ):
+        if is_exempt(attrs, exclude_virtual_resources=self.dispatcher.settings.exclude_virtual_resources):
             return Verdict(allowed=True, report=report)  # MAT-31/32 before readiness (MAT-33)
         if not await self._wait_ready(deadline):
             st = matching_error_status(not_ready_error(attrs))
@@ -302,6 +305,8 @@ class _DisconnectedError(Exception):
 
 
 def _header(scope: Scope, name: bytes) -> str:
+    key: bytes
+    value: bytes
     for key, value in scope["headers"]:
         if key == name:
             return value.decode("latin-1")

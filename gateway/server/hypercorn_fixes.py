@@ -9,6 +9,7 @@ group and takes the whole server down. We treat it exactly like the other two: t
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import trio
@@ -27,15 +28,13 @@ class GuardedTCPServer(TCPServer):
             await self.protocol.handle(Closed())
 
     async def _close(self) -> None:
-        try:
+        with contextlib.suppress(trio.BusyResourceError, trio.BrokenResourceError, trio.ClosedResourceError):
             await super()._close()
-        except (trio.BusyResourceError, trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
 
 
 def install() -> None:
     """Make hypercorn's trio worker build ``GuardedTCPServer`` connections (idempotent)."""
     global _installed  # noqa: PLW0603 - a one-time process-wide patch, by design
     if not _installed:
-        hypercorn_run.TCPServer = GuardedTCPServer  # type: ignore[misc]
+        hypercorn_run.TCPServer = GuardedTCPServer  # type: ignore[attr-defined]
         _installed = True

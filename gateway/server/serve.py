@@ -210,7 +210,9 @@ async def serve(
             metrics_urls: list[str] = []
             if options.metrics_bind:
                 metrics_cfg = hypercorn_config(options.metrics_bind, tls=None, shutdown_timeout=1.0)
-                metrics_urls = await servers.start(_serve_app, _MetricsOnly(app), metrics_cfg, stop_serving.wait)
+                metrics_urls = await servers.start(
+                    _serve_app, _MetricsOnly(app), metrics_cfg, stop_serving.wait
+                )
             log.info(
                 "serving",
                 urls=urls,

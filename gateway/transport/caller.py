@@ -64,17 +64,25 @@ class BackendCaller:
         trace = child_traceparent()
         headers = ((b"traceparent", trace.encode()),) if trace else ()
         try:
-            response = await self.pool.post(target, body=body, headers=headers, timeout_seconds=timeout_seconds)
+            response = await self.pool.post(
+                target, body=body, headers=headers, timeout_seconds=timeout_seconds
+            )
         except TransportTimeout as exc:
             raise self._failed(target, timeout_seconds, exc, "timeout") from None
         except ResponseTooLarge as exc:
-            raise CallingWebhookError(f"failed to call webhook: {exc.cause}", status_code=503, kind="too_large") from None
+            raise CallingWebhookError(
+                f"failed to call webhook: {exc.cause}", status_code=503, kind="too_large"
+            ) from None
         except TransportError as exc:
             raise self._failed(target, timeout_seconds, exc, _error_kind(exc.cause)) from None
         content_type = response.header(b"content-type") or b""
         return Reply(response.status, content_type.decode("latin-1"), response.body)
 
     @staticmethod
-    def _failed(target: Target, timeout_seconds: float, exc: TransportError, kind: str) -> CallingWebhookError:
+    def _failed(
+        target: Target, timeout_seconds: float, exc: TransportError, kind: str
+    ) -> CallingWebhookError:
         url = target.url_for(timeout_seconds)
-        return CallingWebhookError(f'failed to call webhook: Post "{url}": {exc.cause}', status_code=503, kind=kind)
+        return CallingWebhookError(
+            f'failed to call webhook: Post "{url}": {exc.cause}', status_code=503, kind=kind
+        )

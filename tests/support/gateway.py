@@ -168,8 +168,8 @@ def _fill_urls(
     out: dict[str, list[dict[str, Any]]] = {}
     for name, hooks in configs.items():
         filled = []
-        for h in hooks:
-            h = json.loads(json.dumps(h))
+        for original in hooks:
+            h = json.loads(json.dumps(original))
             url = h.get("clientConfig", {}).get("url", "")
             if url.startswith("__backend__"):
                 h["clientConfig"]["url"] = base + url.removeprefix("__backend__")
@@ -274,7 +274,7 @@ class Expect:
         warnings: list[str] | None = None,
         annotations: dict[str, str] | None = None,
         no_annotations: tuple[str, ...] = (),
-        patch: list[dict[str, Any]] | None | bool = False,  # False: not checked; None: no patch
+        patch: list[dict[str, Any]] | bool | None = False,  # False: not checked; None: no patch
     ) -> None:
         self.allowed, self.code, self.reason = allowed, code, reason
         self.message, self.message_prefix, self.message_suffix = message, message_prefix, message_suffix
