@@ -209,3 +209,18 @@ async def test_alpn_offers_h2_only_to_loopback(
         response = await pool.post(call_target, body=b"{}", timeout_seconds=5)
     assert (response.status, response.http_version) == (200, expected)
     assert server.requests[0].alpn == ("http/1.1" if service else "h2")
+
+
+async def test_idle_h2_connection_is_retired(
+    nursery: trio.Nursery, mock_clock: trio.testing.MockClock
+) -> None:
+    """An HTTP/2 connection without streams past the idle timeout is closed (with GOAWAY) and forgotten."""
+    server = await start(nursery)
+    async with ClientPool(h2c_prior_knowledge=True, idle_timeout_seconds=10) as pool:
+        await pool.post(target(server.url("/")), body=b"{}", timeout_seconds=5)
+        mock_clock.jump(15)
+        await server.wait_until(lambda: server.closed_connections == 1)
+        await trio.testing.wait_all_tasks_blocked()
+        assert pool.open_connections() == {}
+        await pool.post(target(server.url("/")), body=b"{}", timeout_seconds=5)
+    assert server.connections == 2

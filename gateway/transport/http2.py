@@ -54,7 +54,13 @@ class HTTP2Connection:
         self._stream = stream
         self._peer = socket_peer(stream)
         self._on_change = on_change
-        config = h2.config.H2Configuration(client_side=True, header_encoding=None)
+        # The pool builds request headers lower-case and valid: skip h2's per-call re-checks.
+        config = h2.config.H2Configuration(
+            client_side=True,
+            header_encoding=None,
+            validate_outbound_headers=False,
+            normalize_outbound_headers=False,
+        )
         self._h2 = h2.connection.H2Connection(config=config)
         self._h2.local_settings = h2.settings.Settings(
             client=True,
