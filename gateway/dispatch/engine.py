@@ -117,13 +117,21 @@ class Dispatcher:
 
     # --- shared steps ----------------------------------------------------------------------------
 
-    async def _namespace_labels(self, hooks: tuple[Webhook, ...], attrs: AdmissionAttributes) -> Any:
-        """Look the namespace up once per review, only if some backend's selector needs it (MAT-12)."""
+    async def _namespace_labels(
+        self, hooks: tuple[Webhook, ...], attrs: AdmissionAttributes, deadline: float
+    ) -> Any:
+        """Look the namespace up once per review, only if some backend's selector needs it (MAT-12).
+
+        A live lookup (cache miss in cluster mode) is bounded by the review's deadline.
+        """
         name = namespace_to_look_up(attrs, hooks)
         if name is None:
             return None
         try:
-            return await self.namespaces.labels(name)
+            with trio.fail_after(max(0.0, deadline - trio.current_time())):
+                return await self.namespaces.labels(name)
+        except trio.TooSlowError:
+            return NamespaceLookupFailed(f'Get namespace "{name}": context deadline exceeded')
         except NamespaceNotFoundError:
             return NamespaceNotFound(name)
         except Exception as exc:  # noqa: BLE001 - any lookup failure is MAT-17's 500, decided later
@@ -159,7 +167,7 @@ class Dispatcher:
         hooks = snapshot.validating
         if not hooks:
             return Verdict(allowed=True, report=report)
-        ns = await self._namespace_labels(hooks, attrs)
+        ns = await self._namespace_labels(hooks, attrs, deadline)
 
         selected: list[tuple[Webhook, CallingWebhookError | None]] = []
         decisions = decide_all(
@@ -306,7 +314,7 @@ class Dispatcher:
         if not hooks:
             return Verdict(allowed=True, report=report)
         chain = _Chain(self, inbound, attrs, report, deadline)
-        chain.ns = await self._namespace_labels(hooks, attrs)
+        chain.ns = await self._namespace_labels(hooks, attrs, deadline)
         try:
             await chain.run(hooks)
         except _Refused as refused:  # MUT-02: earlier patches are discarded
