@@ -66,13 +66,20 @@ SCENARIOS: list[Any] = [
 ]
 
 
+@pytest.mark.parametrize(
+    "caller", [pytest.param("v1", id="v1 caller"), pytest.param("v1beta1", id="v1beta1 caller")]
+)
 @pytest.mark.parametrize(("validating", "expect"), SCENARIOS)
 async def test_audit_annotations_and_warnings(
-    nursery: trio.Nursery, tmp_path: Path, validating: Any, expect: Expect
+    nursery: trio.Nursery, tmp_path: Path, validating: Any, expect: Expect, caller: str
 ) -> None:
     """Backend annotations and warnings reach the caller as AUD statements say."""
     outcome = await run_scenario(
-        nursery, tmp_path, validating=validating, api_version="admissionregistration.k8s.io/v1beta1"
+        nursery,
+        tmp_path,
+        validating=validating,
+        api_version="admissionregistration.k8s.io/v1beta1",  # v1beta1 allows the AUD-03 duplicate names
+        caller_version=caller,
     )
     expect.check(outcome)
     assert all("/" not in key for key in outcome.annotations)  # AUD-04/06: keys survive the caller's prefix

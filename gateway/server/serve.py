@@ -190,6 +190,15 @@ async def serve(
                 baseline=baseline,
             )
         )
+        if credentials is not None:
+            await nursery.start(
+                partial(
+                    watch_files,
+                    list(credentials.files),
+                    _reload_credentials(caller, options.backend_kubeconfig),
+                    interval=options.config_poll_seconds,
+                )
+            )
         if tls is not None:
             await nursery.start(
                 partial(
@@ -246,6 +255,21 @@ async def _serve_app(
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     await hypercorn_serve(app, cfg, shutdown_trigger=shutdown_trigger, task_status=task_status)
+
+
+def _reload_credentials(caller: Any, path: str) -> Callable[[Sequence[Path]], None]:
+    """Backend credentials rotate like certificates: a file that does not load keeps the old ones."""
+    from gateway.errors import ClientConfigError
+    from gateway.transport.credentials import CredentialStore
+
+    def reload(_changed: Sequence[Path]) -> None:
+        try:
+            caller.credentials = CredentialStore.load(path)
+            log.info("backend credentials reloaded", kubeconfig=path)
+        except ClientConfigError as exc:
+            log.error("backend credentials reload failed; keeping the old ones", error=str(exc))
+
+    return reload
 
 
 def _reload_tls(tls: ReloadableTLS) -> Callable[[Sequence[Path]], None]:

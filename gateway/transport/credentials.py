@@ -110,12 +110,21 @@ def _is_ipv6(host: str) -> bool:
         return False
 
 
+_FILE_FIELDS = ("tokenFile", "client-certificate", "client-key")
+
+
 class CredentialStore:
     """The parsed ``users`` of a backend kubeconfig; immutable after loading."""
 
-    def __init__(self, users: Mapping[str, Credentials], default: Credentials | None = None) -> None:
+    def __init__(
+        self,
+        users: Mapping[str, Credentials],
+        default: Credentials | None = None,
+        files: tuple[Path, ...] = (),
+    ) -> None:
         self._users = dict(users)
         self._default = default
+        self.files = files  # the kubeconfig and every file it references: watched for rotation
 
     @classmethod
     def load(cls, path: str | Path) -> CredentialStore:
@@ -125,7 +134,9 @@ class CredentialStore:
             document = yaml.safe_load(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
             raise ClientConfigError(f"{path}: cannot read kubeconfig: {exc}") from exc
-        return cls.from_document(document, base_dir=path.parent, source=str(path))
+        store = cls.from_document(document, base_dir=path.parent, source=str(path))
+        store.files = (path, *store.files)
+        return store
 
     @classmethod
     def from_document(
@@ -138,11 +149,15 @@ class CredentialStore:
             raise ClientConfigError(f"{source}: a kubeconfig must be a mapping")
         base = base_dir or Path()
         users: dict[str, Credentials] = {}
+        files: list[Path] = []
         for index, entry in enumerate(document.get("users") or []):
             where = f"{source}: users[{index}]"
             if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
                 raise ClientConfigError(f"{where}: each entry needs a name")
             name = entry["name"]
+            user = entry.get("user")
+            if isinstance(user, dict):
+                files += [base / str(user[k]) for k in _FILE_FIELDS if isinstance(user.get(k), str)]
             if name in users:
                 raise ClientConfigError(f'{where} "{name}": duplicate name')
             users[name] = _parse_user(name, entry.get("user") or {}, base, f'{where} "{name}"')
@@ -161,7 +176,7 @@ class CredentialStore:
                 if user_name not in users:
                     raise ClientConfigError(f'{source}: context "{current}" names unknown user "{user_name}"')
                 default = users[user_name]
-        return cls(users, default)
+        return cls(users, default, tuple(files))
 
     def lookup(self, host: str, port: int) -> Credentials | None:
         """The credentials for a backend at host:port, per the TRN-10 order, or None."""

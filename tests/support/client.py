@@ -40,6 +40,7 @@ class Client:
             h2.config.H2Configuration(client_side=True, header_encoding=None)
         )
         self.started = False
+        self.extra_headers: list[tuple[str, str]] = []  # sent with every request
 
     async def aclose(self) -> None:
         await self.stream.aclose()
@@ -53,7 +54,11 @@ class Client:
     async def _post_h11(self, path: str, body: bytes, method: str) -> Resp | None:
         if self.h11.our_state is h11.DONE:
             self.h11.start_next_cycle()
-        headers = [("host", self.authority.decode()), ("content-type", "application/json")]
+        headers = [
+            ("host", self.authority.decode()),
+            ("content-type", "application/json"),
+            *self.extra_headers,
+        ]
         headers.append(("content-length", str(len(body))))
         data = self.h11.send(h11.Request(method=method, target=path, headers=headers))
         data += self.h11.send(h11.Data(data=body)) if body else b""
@@ -96,6 +101,7 @@ class Client:
                 (b":authority", self.authority),
                 (b":path", path.encode()),
                 (b"content-type", b"application/json"),
+                *((k.encode(), v.encode()) for k, v in self.extra_headers),
             ],
             end_stream=not body,
         )
