@@ -60,6 +60,6 @@ def install() -> None:
     """Make hypercorn build the guarded protocol and connection classes (idempotent)."""
     global _installed  # noqa: PLW0603 - a one-time process-wide patch, by design
     if not _installed:
-        hypercorn_protocol.H2Protocol = GuardedH2Protocol  # type: ignore[misc]
+        hypercorn_protocol.H2Protocol = GuardedH2Protocol  # type: ignore[attr-defined]
         hypercorn_run.TCPServer = GuardedTCPServer  # type: ignore[attr-defined]
         _installed = True
