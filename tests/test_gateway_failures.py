@@ -134,7 +134,7 @@ async def test_connection_refused(nursery: trio.Nursery, tmp_path: Path) -> None
 
 
 async def test_version_negotiated_per_backend(nursery: trio.Nursery, tmp_path: Path) -> None:
-    """REV-03/04: each backend gets the first version it lists, independent of the caller's."""
+    """REV-03/04, GW-13: each backend gets the first version it lists; the object is never converted."""
     hooks = {
         "a": [
             backend("old.example.com", "/only-v1beta1/allow", admissionReviewVersions=["v1beta1", "v1"]),
@@ -145,3 +145,6 @@ async def test_version_negotiated_per_backend(nursery: trio.Nursery, tmp_path: P
     assert outcome.allowed
     versions = sorted(c.review["apiVersion"] for c in outcome.calls)
     assert versions == ["admission.k8s.io/v1", "admission.k8s.io/v1beta1"]
+    for call in outcome.calls:
+        assert call.review["request"]["kind"] == outcome.sent["request"]["kind"]
+        assert call.review["request"]["object"] == outcome.sent["request"]["object"]

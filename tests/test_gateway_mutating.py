@@ -168,7 +168,7 @@ SCENARIOS: list[Any] = [
                 )
             },
         ),
-        id="MUT-19: a change by a later Never backend reinvokes an earlier IfNeeded backend once",
+        id="MUT-19/21: a change by a later Never backend reinvokes an earlier IfNeeded backend once, in round 1",
     ),
     pytest.param(
         {
@@ -178,7 +178,7 @@ SCENARIOS: list[Any] = [
             ]
         },
         Expect(allowed=True, calls=2, patch=[label("x")], no_annotations=("mutation.round_1_index_0",)),
-        id="MUT-19: when nothing changes after an IfNeeded backend, round 1 calls nobody",
+        id="MUT-19/20: when nothing changes after an IfNeeded backend, round 1 calls nobody",
     ),
 ]
 
@@ -199,7 +199,7 @@ async def test_mutating(
 
 
 async def test_each_backend_sees_the_previous_patch(nursery: trio.Nursery, tmp_path: Path) -> None:
-    """MUT-11/ORD-02: the second backend receives the object as the first one patched it."""
+    """MUT-01/11, ORD-02: the second backend receives the object as the first one patched it."""
     hooks = [backend("one.example.com", "/patch/one"), backend("two.example.com", "/patch/two")]
     outcome = await run_scenario(nursery, tmp_path, endpoint="mutate", mutating={"a": hooks})
     first, second = (c.review["request"] for c in outcome.calls)
@@ -207,6 +207,7 @@ async def test_each_backend_sees_the_previous_patch(nursery: trio.Nursery, tmp_p
     assert second["object"]["metadata"]["labels"]["one"] == "true"
     assert second["oldObject"] is None
     assert first["uid"] != second["uid"] != outcome.sent["request"]["uid"]  # REV-06: a fresh uid per call
+    assert outcome.response["uid"] == outcome.sent["request"]["uid"]  # REV-15: never a backend's uid
 
 
 async def test_patch_on_delete_is_refused(nursery: trio.Nursery, tmp_path: Path) -> None:
@@ -240,3 +241,17 @@ async def test_diff_mode_gives_the_net_change(nursery: trio.Nursery, tmp_path: P
     expected["metadata"]["labels"]["kept"] = "true"
     assert final == expected
     assert all("tmp" not in op["path"] for op in outcome.patch or [])
+
+
+async def test_objects_are_not_defaulted_or_pruned_between_patches(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """GW-03: a field upstream's typed decoding would drop reaches the next backend unchanged."""
+    hooks = [
+        backend("adds.example.com", jsonpatch_path([{"op": "add", "path": "/spec/notAField", "value": 1}])),
+        backend("sees.example.com", "/allow"),
+    ]
+    outcome = await run_scenario(nursery, tmp_path, endpoint="mutate", mutating={"a": hooks})
+    second = outcome.calls[1].review["request"]["object"]
+    assert second["spec"]["notAField"] == 1
+    assert "restartPolicy" not in second["spec"]  # nor is anything defaulted

@@ -42,7 +42,7 @@ SCENARIOS: list[Any] = [
             code=403,
             message='admission webhook "deny.example.com" denied the request: image registry not allowed',
         ),
-        id="VAL-05: a rejection is recorded with the backend's status, prefixed with its name",
+        id="VAL-05, ERR-09/GW-06: a rejection is recorded with the backend's status, prefixed with its name",
     ),
     pytest.param(
         {

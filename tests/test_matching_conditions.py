@@ -255,7 +255,7 @@ def test_compile_error_from_lax_source() -> None:
             "expression 'authorizer.requestResource.check(\"get\").allowed()' resulted in error: "
             + AUTHORIZER_UNAVAILABLE,
             False,
-            id="MAT-29: authorizer without SubjectAccessReview client is an error; Fail rejects",
+            id="MAT-29/GW-11: authorizer without SubjectAccessReview client is an error; Fail rejects",
         ),
         pytest.param(
             "Ignore", False, None, True, id="MAT-29: authorizer error under Ignore skips the backend"

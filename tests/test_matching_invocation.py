@@ -189,7 +189,7 @@ REASON = (
             None,
             {},
             ("skip", "rules"),
-            id="MAT-10: without a table Equivalent behaves as Exact",
+            id="MAT-10/GW-02: without a table Equivalent behaves as Exact",
         ),
         pytest.param(
             hook(rules=(rule(groups=("extensions",)),), match_policy="Equivalent"),

@@ -80,7 +80,7 @@ def test_normalize_path(path: str, expected: str) -> None:
             "https://hook.ns.svc:443/?timeout=10s",
             "hook.ns.svc",
             False,
-            id="TRN-01: a service defaults to port 443 and path /",
+            id="TRN-01/09, GW-14: a service is called by its DNS name, port 443 and path / by default",
         ),
         pytest.param(
             ClientConfig(service=ServiceReference(namespace="ns", name="hook", port=8443, path="/v/")),
