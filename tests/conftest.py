@@ -1,1 +1,3 @@
-"""Shared fixtures. Fixtures that start servers live in tests/support/."""
+"""Shared fixtures. Servers and clients the fixtures build live in tests/support/."""
+
+from tests.support.kubeapi import kube_api  # noqa: F401 - a fixture: the fake kube-apiserver

@@ -18,7 +18,8 @@ from gateway.cli import parse
 from gateway.devtools.backends import serve_backend
 from gateway.observability.observer import Observability
 from gateway.server.serve import Running, serve
-from tests.support.gateway import gateway_client, hook, pod, review, send_review, write_config
+from tests.support.client import connect
+from tests.support.gateway import gateway_client, hook, pod, port_of, review, send_review, write_config
 
 P = "webhook_gateway_"
 Labels = frozenset[tuple[str, str]]
@@ -154,3 +155,34 @@ async def test_scripted_reviews_then_scrape(nursery: trio.Nursery, tmp_path: Pat
     assert [(e["webhook"], e["log_level"]) for e in failed_open] == [("ignore.example.com", "warning")]
     assert "context deadline exceeded" in failed_open[0]["error"]
     json.dumps([{k: v for k, v in e.items() if k != "object"} for e in lines])  # plain values only
+
+
+async def test_metrics_on_a_separate_listener(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """--metrics-bind serves /metrics, /healthz and /readyz on its own plaintext port, and nothing else."""
+    write_config(tmp_path / "c")
+    options = parse(
+        [
+            "--config",
+            str(tmp_path / "c"),
+            "--bind",
+            "127.0.0.1:0",
+            "--metrics-bind",
+            "127.0.0.1:0",
+            "--drain-seconds",
+            "0",
+        ]
+    ).options
+    running = await nursery.start(
+        lambda task_status: serve(
+            options, observer=Observability(), handle_signals=False, task_status=task_status
+        )
+    )
+    (metrics_url,) = running.metrics_urls
+    client = await connect("127.0.0.1", port_of(metrics_url))
+    for path, status in (("/metrics", 200), ("/healthz", 200), ("/readyz", 200), ("/validate", 404)):
+        got = await client.post(path, b"", method="GET" if path != "/validate" else "POST")
+        assert got is not None
+        assert got.status == status, path
+    got = await client.post("/metrics", b"", method="GET")
+    assert got is not None
+    assert b"webhook_gateway_config_generation 1" in got.body
