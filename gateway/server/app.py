@@ -195,14 +195,19 @@ class GatewayApp:
             if verdict is None:  # the caller went away; nobody is listening
                 code, error = 499, "caller disconnected"
                 return
-            reply = encode_reply(
-                inbound,
-                allowed=verdict.allowed,
-                status=verdict.status,
-                patch=verdict.patch,
-                warnings=verdict.warnings,
-                audit_annotations=verdict.audit_annotations,
-            )
+            try:
+                reply = encode_reply(
+                    inbound,
+                    allowed=verdict.allowed,
+                    status=verdict.status,
+                    patch=verdict.patch,
+                    warnings=verdict.warnings,
+                    audit_annotations=verdict.audit_annotations,
+                )
+            except Exception as exc:  # ERR-08: a gateway bug is a deny, never a crash or an HTTP error
+                log.exception("encoding the reply failed", uid=inbound.uid, endpoint=endpoint)
+                status = statuses.internal_error_status("encoding the reply", str(exc) or type(exc).__name__)
+                reply = encode_reply(inbound, allowed=False, status=status)
             code = 200
             await _respond(send, 200, reply, _JSON)
         finally:
