@@ -11,8 +11,8 @@ Cost (docs/performance.md has the numbers; each is per inbound request, 8 KB rev
 - ``RequestQueue`` replaces the per-request trio memory channel that feeds the ASGI ``receive``;
   it lets the app notice ``http.disconnect`` through a callback, so a review no longer needs a
   nursery and a watcher task to be cancelled when its caller goes away (about 50 µs).
-- ``_SingleTask`` restarts the keep-alive idle timer without hypercorn's lock and
-  ``nursery.start`` round trip (about 35 µs).
+- ``_IdleTimer`` moves the deadline of one keep-alive timer task per connection instead of
+  cancelling a task and starting a new one (under a lock, with ``nursery.start``) twice per request.
 - ``GatewayH11Protocol`` writes an HTTP/1.1 response head together with its body (one TLS record,
   one ``send``) and skips the empty write of a Content-Length message's end (about 30 µs).
 
@@ -22,6 +22,7 @@ None of them changes what goes over the wire beyond how the same bytes are split
 from __future__ import annotations
 
 import contextlib
+import math
 from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -95,32 +96,61 @@ class GatewayTaskGroup(TaskGroup):
         return queue.put
 
 
-class _SingleTask:
-    """hypercorn's ``TrioSingleTask`` (the keep-alive idle timer) without the lock and ``nursery.start``.
+class _IdleTimer:
+    """The keep-alive idle timeout as one task per connection whose deadline moves.
 
-    Same contract: ``restart`` cancels the running action and starts it again; ``stop`` cancels it.
+    Stands in for hypercorn's ``TrioSingleTask``, which cancels its task and starts a new one (with
+    ``nursery.start`` under a lock) on every idle/busy switch, i.e. twice per request. Same contract
+    as hypercorn's ``_idle_timeout``: while the connection is idle, close it after
+    ``keep_alive_timeout`` or at once when the server is terminating; while busy, never.
     """
 
-    __slots__ = ("_scope",)
+    __slots__ = ("_busy", "_deadline", "_on_idle", "_scope", "_server")
 
-    def __init__(self) -> None:
+    def __init__(self, server: TCPServer) -> None:
+        self._server = server
+        self._busy = False
+        self._deadline = math.inf
         self._scope: trio.CancelScope | None = None
+        self._on_idle: trio.Event | None = None
 
-    async def restart(self, task_group: Any, action: Callable[[], Awaitable[None]]) -> None:
-        if self._scope is not None:
-            self._scope.cancel()
-        scope = self._scope = trio.CancelScope()
-        task_group._nursery.start_soon(_run_in, scope, action)
+    async def restart(self, task_group: Any, action: object) -> None:
+        """The connection became idle (hypercorn passes its own ``_idle_timeout``: not needed)."""
+        self._busy = False
+        self._deadline = trio.current_time() + self._server.config.keep_alive_timeout
+        if self._scope is None:
+            self._scope = trio.CancelScope(deadline=self._deadline)
+            task_group._nursery.start_soon(self._run)
+        else:
+            self._scope.deadline = self._deadline
+        if self._on_idle is not None:
+            self._on_idle.set()
+            self._on_idle = None
 
     async def stop(self) -> None:
+        """The connection is handling a request."""
+        self._busy = True
+        self._deadline = math.inf
         if self._scope is not None:
-            self._scope.cancel()
-            self._scope = None
+            self._scope.deadline = math.inf
 
-
-async def _run_in(scope: trio.CancelScope, action: Callable[[], Awaitable[None]]) -> None:
-    with scope:
-        await action()
+    async def _run(self) -> None:
+        terminated = self._server.context.terminated
+        scope = self._scope
+        while True:
+            assert scope is not None
+            with scope:
+                await terminated.wait()
+            # The idle deadline passed or the server is terminating; a request may have arrived
+            # meanwhile: then wait until the connection is idle again and look once more.
+            if not self._busy:
+                break
+            self._on_idle = trio.Event()
+            await self._on_idle.wait()
+            scope = self._scope = trio.CancelScope(deadline=self._deadline)
+        self._scope = None
+        with trio.CancelScope(shield=True):
+            await self._server._initiate_server_close()
 
 
 class GatewayH11Protocol(H11Protocol):
@@ -154,7 +184,7 @@ class GatewayH11Protocol(H11Protocol):
 class GuardedTCPServer(TCPServer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.idle_task = _SingleTask()  # type: ignore[assignment]
+        self.idle_task = _IdleTimer(self)  # type: ignore[assignment]
 
     async def protocol_send(self, event: Any) -> None:
         try:
