@@ -56,6 +56,13 @@ def parser() -> argparse.ArgumentParser:
         "--protocol", choices=("http1", "h2"), default="http1", help="default http1 (as kube-apiserver)"
     )
     w.add_argument(
+        "--backend-protocol",
+        choices=("h2", "http1"),
+        default="h2",
+        help="what the TLS backends offer: h2 (the gateway then speaks HTTP/2 to these loopback "
+        "backends, TRN-08) or http1 only (as backends behind a Service are called)",
+    )
+    w.add_argument(
         "--tls", action=argparse.BooleanOptionalAction, default=True, help="TLS on both sides (default on)"
     )
     w.add_argument(
@@ -97,6 +104,7 @@ def options(args: argparse.Namespace) -> Options:
         rates=rates,
         poisson=args.poisson,
         protocol=args.protocol,
+        backend_protocol=args.backend_protocol,
         tls=args.tls,
         target=args.target,
         target_ca=args.target_ca.read_bytes() if args.target_ca else None,

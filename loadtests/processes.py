@@ -89,9 +89,11 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
 
 
-def spawn_fleet(count: int, certs: Certs | None) -> subprocess.Popen[bytes]:
-    """Start ``count`` backend listeners in one separate process."""
+def spawn_fleet(count: int, certs: Certs | None, *, http1_only: bool = False) -> subprocess.Popen[bytes]:
+    """Start ``count`` backend listeners in one separate process (``http1_only``: ALPN http/1.1 only)."""
     cmd = [sys.executable, "-m", "gateway.devtools.backends", "--count", str(count)]
+    if http1_only:
+        cmd.append("--http1-only")
     if certs is not None:
         cmd += ["--certfile", str(certs.certfile), "--keyfile", str(certs.keyfile)]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, env=_env())  # noqa: S603  # our interpreter, list argv

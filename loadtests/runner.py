@@ -41,6 +41,7 @@ class Options:
     rates: list[float] = field(default_factory=list)  # empty: closed loop
     poisson: bool = False
     protocol: str = "http1"
+    backend_protocol: str = "h2"  # what TLS backends offer in ALPN: "h2" (and http/1.1) or "http1" only
     tls: bool = True
     target: str | None = None
     target_ca: bytes | None = None
@@ -307,7 +308,11 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
         else:
             live = [b for b in scenario.backends if not b.dead]
             say(f"starting {len(live)} backend(s) in a separate process …")
-            fleet = stack.enter_context(processes.managed(processes.spawn_fleet(len(live) or 1, certs)))
+            fleet = stack.enter_context(
+                processes.managed(
+                    processes.spawn_fleet(len(live) or 1, certs, http1_only=opts.backend_protocol == "http1")
+                )
+            )
             ports = await processes.fleet_ports(fleet)
             scheme = "https" if certs else "http"
             urls: dict[str, str] = {}

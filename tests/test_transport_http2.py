@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import trio
 import trio.testing
@@ -224,3 +226,36 @@ async def test_idle_h2_connection_is_retired(
         assert pool.open_connections() == {}
         await pool.post(target(server.url("/")), body=b"{}", timeout_seconds=5)
     assert server.connections == 2
+
+
+HEADER_CASES = [
+    pytest.param(
+        b"Bearer tok-1",
+        {"authorization": "Bearer tok-1", "traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01"},
+        id="TRN-05/11: credentials and traceparent arrive over HTTP/2 as sent",
+    ),
+    pytest.param(
+        b" Bearer tok-2 ",
+        {"authorization": "Bearer tok-2"},
+        id="TRN-11: a credential value is trimmed over HTTP/2 (as h2's own normalisation did)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("auth", "expected"), HEADER_CASES)
+async def test_outbound_headers_over_http2(
+    nursery: trio.Nursery, auth: bytes, expected: dict[str, str]
+) -> None:
+    """The gateway's own header normalisation for HTTP/2 sends what h2's generic pass sent."""
+    server = await start(nursery)
+    trace = ((b"traceparent", expected["traceparent"].encode()),) if "traceparent" in expected else ()
+    async with ClientPool(h2c_prior_knowledge=True) as pool:
+        tgt = dataclasses.replace(target(server.url("/ok")), auth_headers=((b"authorization", auth),))
+        for _ in range(3):  # later calls use the HPACK dynamic table
+            response = await pool.post(tgt, body=b"{}", headers=trace, timeout_seconds=5)
+            assert response.status == 200
+    assert [r.http_version for r in server.requests] == ["HTTP/2"] * 3
+    for seen in server.requests:
+        assert {k: seen.headers[k] for k in expected} == expected
+        assert seen.headers["content-type"] == "application/json"
+        assert seen.headers["content-length"] == "2"

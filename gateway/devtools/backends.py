@@ -737,15 +737,17 @@ async def serve_backend(
     ssl_context: ssl.SSLContext | None = None,
     record_calls: bool = True,
     seed: int = 0,
+    http1_only: bool = False,
     task_status: trio.TaskStatus[BackendServer] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve sample backend webhooks until cancelled; ``nursery.start`` returns the ``BackendServer``.
 
-    With ``ssl_context`` the server speaks TLS and sets its ALPN protocols to ``h2``, ``http/1.1``.
+    With ``ssl_context`` the server speaks TLS and sets its ALPN protocols to ``h2``, ``http/1.1``
+    (only ``http/1.1`` with ``http1_only``: how backends behind a Service are called, TRN-08).
     ``record_calls=False`` keeps memory flat under load (``calls`` stays empty).
     """
     if ssl_context is not None:
-        ssl_context.set_alpn_protocols(["h2", "http/1.1"])
+        ssl_context.set_alpn_protocols(["http/1.1"] if http1_only else ["h2", "http/1.1"])
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound_port = listeners[0].socket.getsockname()[1]
     server = BackendServer(
@@ -787,6 +789,7 @@ async def _main_async(args: argparse.Namespace, ready: Callable[[list[BackendSer
                 ssl_context=ctx,
                 record_calls=False,
                 seed=args.seed + k,
+                http1_only=args.http1_only,
             )
             servers.append(await nursery.start(start))
         ready(servers)
@@ -803,6 +806,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--certfile", help="PEM certificate chain: serve TLS")
     parser.add_argument("--keyfile", help="PEM private key for --certfile")
     parser.add_argument("--seed", type=int, default=0, help="seed of the latency/error RNG")
+    parser.add_argument(
+        "--http1-only", action="store_true", help="TLS: offer only http/1.1 in ALPN (no HTTP/2)"
+    )
     args = parser.parse_args(argv)
     if bool(args.certfile) != bool(args.keyfile):
         parser.error("--certfile and --keyfile go together")

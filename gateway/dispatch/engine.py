@@ -190,9 +190,12 @@ class Dispatcher:
         async def run(i: int, hook: Webhook, pre_error: CallingWebhookError | None) -> None:
             results[i] = await self._validate_one(hook, inbound, attrs, pre_error, deadline=deadline)
 
-        async with trio.open_nursery() as nursery:
-            for i, (hook, pre_error) in enumerate(selected):
-                nursery.start_soon(run, i, hook, pre_error)
+        if len(selected) == 1:  # nothing to run concurrently: spare the nursery and its task
+            await run(0, *selected[0])
+        else:
+            async with trio.open_nursery() as nursery:
+                for i, (hook, pre_error) in enumerate(selected):
+                    nursery.start_soon(run, i, hook, pre_error)
 
         # Combine strictly in configuration order (VAL-07, AUD-07 [GW]).
         denials: list[Status] = []

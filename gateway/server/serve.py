@@ -8,6 +8,7 @@ take time to be removed), then stops accepting and lets in-flight reviews finish
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 import ssl
@@ -230,6 +231,11 @@ async def serve(
                 validating=len(first.validating),
                 mutating=len(first.mutating),
             )
+            # Everything alive now (modules, configuration, TLS contexts) lives as long as the
+            # process: keep it out of the cyclic GC, whose full collections otherwise scan it all and
+            # stall the event loop for 20-40 ms (docs/performance.md).
+            gc.collect()
+            gc.freeze()
             task_status.started(Running(urls, metrics_urls, app, shutdown_requested.set))
 
             await shutdown_requested.wait()
