@@ -574,3 +574,27 @@ def test_cli_serves_several_ports(tmp_path: Any) -> None:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@pytest.mark.parametrize(
+    ("http1_only", "selected"),
+    [
+        pytest.param(False, "h2", id="TRN-08: a TLS backend offers h2 first, as loopback backends may"),
+        pytest.param(True, "http/1.1", id="TRN-08: --http1-only offers http/1.1 only, like Service backends"),
+    ],
+)
+async def test_alpn_offer(nursery: trio.Nursery, ca: trustme.CA, http1_only: bool, selected: str) -> None:
+    """A client offering h2 and http/1.1 gets what the backend's ALPN setting allows."""
+    ctx = server_context(ca)
+    server: BackendServer = await nursery.start(
+        lambda task_status: serve_backend(ssl_context=ctx, http1_only=http1_only, task_status=task_status)
+    )
+    client_ctx = ssl.create_default_context()
+    ca.configure_trust(client_ctx)
+    client_ctx.set_alpn_protocols(["h2", "http/1.1"])
+    tls = trio.SSLStream(
+        await trio.open_tcp_stream(server.host, server.port), client_ctx, server_hostname="127.0.0.1"
+    )
+    await tls.do_handshake()
+    assert tls.selected_alpn_protocol() == selected
+    await tls.aclose()

@@ -76,7 +76,7 @@ class _HypercornConfig(HypercornConfig):
 
 
 def hypercorn_config(bind: str, *, tls: ReloadableTLS | None, shutdown_timeout: float) -> HypercornConfig:
-    """Tuned for long-lived apiserver connections (see README "Performance")."""
+    """Tuned for long-lived apiserver connections (docs/performance.md)."""
     cfg = _HypercornConfig()
     cfg.tls = tls
     cfg.bind = [bind]
