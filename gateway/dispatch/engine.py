@@ -49,6 +49,7 @@ from gateway.matching import (
     namespace_to_look_up,
     should_call,
 )
+from gateway.matching.conditions import request_fields
 from gateway.review import InboundReview
 
 log = structlog.get_logger("gateway.dispatch")
@@ -171,7 +172,7 @@ class Dispatcher:
 
         selected: list[tuple[Webhook, CallingWebhookError | None]] = []
         decisions = decide_all(
-            hooks, attrs, ns, equivalents=self.settings.equivalents, inputs=ConditionInputs()
+            hooks, attrs, ns, equivalents=self.settings.equivalents, inputs=_condition_inputs(inbound, hooks)
         )
         for hook, decision in zip(hooks, decisions, strict=True):
             self._note_conditions(report, hook, decision)
@@ -317,6 +318,7 @@ class Dispatcher:
         if not hooks:
             return Verdict(allowed=True, report=report)
         chain = _Chain(self, inbound, attrs, report, deadline)
+        chain.inputs = _condition_inputs(inbound, hooks)
         chain.ns = await self._namespace_labels(hooks, attrs, deadline)
         try:
             await chain.run(hooks)
@@ -353,6 +355,29 @@ class _ValidatingResult:
     failed_open: bool = False
 
 
+def _condition_inputs(inbound: InboundReview, hooks: tuple[Webhook, ...]) -> ConditionInputs:
+    """CEL's ``request`` (MAT-25) with what only the inbound review carries: userInfo and options.
+
+    Built only when some backend has match conditions: most reviews never evaluate CEL.
+    """
+    if not any(h.match_conditions for h in hooks):
+        return ConditionInputs()
+    request = inbound.request
+    fields = request_fields(inbound.attributes)
+    user = request.user_info
+    fields["userInfo"] = {
+        "username": user.username,
+        "uid": user.uid,
+        "groups": list(user.groups),
+        "extra": {key: list(values) for key, values in user.extra.items()},
+    }
+    try:
+        fields["options"] = None if is_null(request.options) else _decode(request.options)
+    except msgspec.DecodeError:
+        fields["options"] = None
+    return ConditionInputs(request=fields)
+
+
 class _Chain:
     """State of one mutating chain: the current object, applied patches, reinvocation sets."""
 
@@ -376,7 +401,7 @@ class _Chain:
         self.state = ReinvocationState()
         self.annotations = AuditAnnotations()
         self.warnings = Warnings(max_bytes=dispatcher.settings.max_warning_bytes)
-        self.inputs = ConditionInputs()  # CEL variables, decoded once per object version
+        self.inputs = ConditionInputs()  # CEL variables, decoded once per object version (set by mutate)
 
     async def run(self, hooks: tuple[Webhook, ...]) -> None:
         for round_ in (0, 1):
