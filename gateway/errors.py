@@ -110,20 +110,6 @@ class CallingWebhookError(GatewayError):
         super().__init__(reason)
 
 
-class WebhookRejectedInternally(GatewayError):
-    """An internal error while handling one backend's reply (FPT table: not governed by failurePolicy).
-
-    Covers dry-run refusal (ERR-04), patch failures (MUT-06/07/09/10, ERR-05). It carries the
-    Status fields the review is denied with; metrics record code 0.
-    """
-
-    def __init__(self, *, code: int, reason: str, message: str) -> None:
-        self.code = code
-        self.status_reason = reason
-        self.message = message
-        super().__init__(message)
-
-
 class MatchingError(GatewayError):
     """A matching step failed in a way that answers the whole review (MAT-02/16/17/23/28).
 

@@ -64,7 +64,6 @@ _STEP_TYPE: Final = {"validating": "validate", "mutating": "admit"}
 _EXCLUSION_TYPE: Final = _STEP_TYPE
 _EVALUATION_TYPE: Final = _WEBHOOK_TYPE
 
-_REJECTING: Final = frozenset({"rejected", "failed_closed", "internal_error"})  # MET-06
 _ERROR_KIND: Final = re.compile(r"[a-z][a-z0-9_]{0,31}")
 
 
@@ -438,7 +437,7 @@ class Metrics:
             # FPT-03/MET-04/MET-05: a call abandoned because the caller went away is not counted.
             return
         code = 600 if record.code > 600 else record.code  # MET-03/05
-        rejected = outcome in _REJECTING  # MET-06
+        rejected = record.rejected  # MET-06
         name = record.name
         key = (name, webhook_type, op, code, rejected)
         children = self._invocation_children.get(key)
@@ -459,13 +458,12 @@ class Metrics:
             self.call_errors.labels(name, webhook_type, _error_reason(record)).value += 1
             return
         if outcome == "failed_closed":
-            error_type = "calling_webhook_error"
             self.call_errors.labels(name, webhook_type, _error_reason(record)).value += 1
         elif outcome == "internal_error":
-            error_type, code = "apiserver_internal_error", 0
-        else:
-            error_type = "no_error"
-        self.webhook_rejections.labels(name, webhook_type, op, error_type, str(code)).value += 1  # MET-05
+            code = 0
+        self.webhook_rejections.labels(
+            name, webhook_type, op, record.error_type, str(code)
+        ).value += 1  # MET-05
 
     def _observe_conditions(self, report: DispatchReport, endpoint: Endpoint, op: str) -> None:
         """MET-07 / MAT-30: the matcher decided what counts; this only applies the label quirks."""
