@@ -14,7 +14,7 @@ import h11
 import trio
 
 from gateway.errors import ResponseTooLarge, TransportError
-from gateway.transport.wire import Header, HTTPResponse, RetryableError, socket_peer, stream_error
+from gateway.transport.wire import Header, HTTPResponse, socket_peer, stream_error
 
 RECEIVE_BYTES = 65536
 ConnectionState = Literal["ACTIVE", "IDLE", "CLOSED"]
@@ -49,11 +49,12 @@ class HTTP11Connection:
     ) -> HTTPResponse:
         """POST ``body`` to ``target`` and read the whole reply.
 
-        Raises ``RetryableError`` when a reused connection turns out closed before any reply byte,
-        ``ResponseTooLarge`` past ``max_response_bytes``, ``TransportError`` otherwise. Unless the
+        Raises ``ResponseTooLarge`` past ``max_response_bytes``, ``TransportError`` otherwise; never
+        ``RetryableError``: once ``send_all`` started, some of the request may have reached the
+        backend, and a POST the backend may have processed is never sent again (FPT-10). A stale
+        pooled connection is caught before writing, by ``peer_closed_while_idle``. Unless the
         exchange ends cleanly, the connection is left ``CLOSED`` for the pool to dispose of.
         """
-        reused = self.requests > 0
         self.requests += 1
         self.state = "CLOSED"  # until proven reusable
         connection = self._h11
@@ -67,17 +68,15 @@ class HTTP11Connection:
         try:
             await self._stream.send_all(b"".join(part for part in parts if part))
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            # The peer may have closed an idle connection we had not noticed yet.
-            error = stream_error(exc, "write", self._peer)
-            raise (RetryableError if reused else TransportError)(error) from exc
-        response = await self._receive(reused, max_response_bytes)
+            raise TransportError(stream_error(exc, "write", self._peer)) from exc
+        response = await self._receive(max_response_bytes)
         if connection.our_state is h11.DONE and connection.their_state is h11.DONE:
             connection.start_next_cycle()
             self.state = "IDLE"
             self.idle_since = trio.current_time()
         return response
 
-    async def _receive(self, reused: bool, limit: int) -> HTTPResponse:
+    async def _receive(self, limit: int) -> HTTPResponse:
         connection = self._h11
         status = 0
         headers: list[Header] = []
@@ -94,10 +93,9 @@ class HTTP11Connection:
                 try:
                     chunk = await self._stream.receive_some(RECEIVE_BYTES)
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                    error = stream_error(exc, "read", self._peer)
-                    raise (RetryableError if reused and not received_any else TransportError)(error) from exc
+                    raise TransportError(stream_error(exc, "read", self._peer)) from exc
                 if not chunk and not received_any:
-                    raise (RetryableError if reused else TransportError)("EOF")
+                    raise TransportError("EOF")
                 received_any = True
                 eof = not chunk
                 connection.receive_data(bytes(chunk))

@@ -45,8 +45,10 @@ class HTTPResponse:
 class RetryableError(TransportError):
     """The request provably never reached the backend's handler; the pool may resend it once.
 
-    Raised for a reused HTTP/1.1 connection that the peer had closed before any reply byte, and for
-    HTTP/2 streams refused by GOAWAY or REFUSED_STREAM. Never escapes the pool (FPT-10 is kept).
+    Raised only for HTTP/2 streams that never carried a byte (the connection was already closing or
+    out of stream ids) or that the peer refused: REFUSED_STREAM, or a GOAWAY whose last stream id
+    is below the stream's. An HTTP/1.1 request is never resent once its first byte was written:
+    the backend may have read and processed it (FPT-10). Never escapes the pool.
     """
 
 

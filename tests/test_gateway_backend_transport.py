@@ -1,0 +1,109 @@
+"""Backend calls end to end over real sockets: no replays (FPT-10), fresh errors per call (TRN-07).
+
+The backends here are scripted raw-socket servers (h11 on a trio listener) so that each test controls
+exactly when a connection is read, answered or closed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import h11
+import pytest
+import trio
+
+from tests.support.gateway import gateway_client, hook, review, send_review, start_gateway, write_config
+
+
+class ScriptedBackend:
+    """An HTTP/1.1 backend that answers the first ``answered`` requests of each connection with
+    "allowed", then reads the next request completely and closes the connection without a reply."""
+
+    def __init__(self, answered: int) -> None:
+        self.answered = answered
+        self.posts: list[tuple[int, str]] = []  # (connection index, request uid), fully read
+        self.connections = 0
+
+    async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        task_status.started(int(listeners[0].socket.getsockname()[1]))
+        await trio.serve_listeners(self._connection, listeners)
+
+    async def _connection(self, stream: trio.SocketStream) -> None:
+        index = self.connections
+        self.connections += 1
+        connection = h11.Connection(h11.SERVER)
+        async with stream:
+            for number in range(self.answered + 1):
+                body = await _read_request(stream, connection)
+                if body is None:
+                    return
+                uid = json.loads(body)["request"]["uid"]
+                self.posts.append((index, uid))
+                if number == self.answered:
+                    return  # the whole request was read: close without answering
+                reply = json.dumps(
+                    {
+                        "apiVersion": "admission.k8s.io/v1",
+                        "kind": "AdmissionReview",
+                        "response": {"uid": uid, "allowed": True},
+                    }
+                ).encode()
+                headers = [("content-type", "application/json"), ("content-length", str(len(reply)))]
+                data = connection.send(h11.Response(status_code=200, headers=headers))
+                data = (data or b"") + (connection.send(h11.Data(data=reply)) or b"")
+                data += connection.send(h11.EndOfMessage()) or b""
+                await stream.send_all(data)
+                connection.start_next_cycle()
+
+
+async def _read_request(stream: trio.SocketStream, connection: h11.Connection) -> bytes | None:
+    body = bytearray()
+    while True:
+        event = connection.next_event()
+        if event is h11.NEED_DATA:
+            data = await stream.receive_some(65536)
+            if not data:
+                return None
+            connection.receive_data(data)
+        elif isinstance(event, h11.Data):
+            body += event.data
+        elif isinstance(event, h11.EndOfMessage):
+            return bytes(body)
+        elif isinstance(event, h11.ConnectionClosed):
+            return None
+
+
+def _config(directory: Path, url: str, policy: str) -> None:
+    write_config(directory, validating={"a": [hook("b.example.com", url, failurePolicy=policy)]})
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        pytest.param("Fail", id="FPT-10: a request the backend read and dropped is one failed call (Fail)"),
+        pytest.param("Ignore", id="FPT-10: a request the backend read and dropped is never resent (Ignore)"),
+    ],
+)
+async def test_a_request_the_backend_read_is_never_sent_again(
+    nursery: trio.Nursery, tmp_path: Path, policy: str
+) -> None:
+    backend = ScriptedBackend(answered=1)
+    port = await nursery.start(backend.serve)
+    _config(tmp_path, f"http://127.0.0.1:{port}/validate", policy)
+    running = await start_gateway(nursery, tmp_path)
+    client = await gateway_client(running)
+    one = (await send_review(client, "validate", review())).json["response"]
+    two = (await send_review(client, "validate", review())).json["response"]
+    await client.aclose()
+    running.shutdown()
+
+    assert one["allowed"] is True
+    # Two reviews, two POSTs: the second one was read by the backend on the kept-alive connection.
+    assert [connection for connection, _uid in backend.posts] == [0, 0], backend.posts
+    if policy == "Fail":
+        assert two["allowed"] is False
+        assert "failed calling webhook" in two["status"]["message"], two
+    else:
+        assert two["allowed"] is True
