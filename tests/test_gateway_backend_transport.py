@@ -6,7 +6,9 @@ exactly when a connection is read, answered or closed.
 
 from __future__ import annotations
 
+import base64
 import json
+import tracemalloc
 from pathlib import Path
 
 import h11
@@ -107,3 +109,56 @@ async def test_a_request_the_backend_read_is_never_sent_again(
         assert "failed calling webhook" in two["status"]["message"], two
     else:
         assert two["allowed"] is True
+
+
+BAD_CA_BUNDLE = base64.b64encode(
+    b"-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydA==\n-----END CERTIFICATE-----\n"
+)
+
+
+def _transport_bytes(snapshot: tracemalloc.Snapshot) -> int:
+    """Memory still allocated by the gateway's transport and caller code."""
+    only = [tracemalloc.Filter(True, "*/gateway/transport/*")]
+    return sum(stat.size for stat in snapshot.filter_traces(only).statistics("filename"))
+
+
+async def test_an_unusable_ca_bundle_fails_every_call_with_a_fresh_error(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """TRN-07: a caBundle that cannot be loaded fails each call; the failures cost no memory.
+
+    Every call builds a new error value: re-raising one cached exception object grows its traceback
+    (and the memory it holds) on every call, without bound.
+    """
+    hooks = [
+        hook(
+            "b.example.com",
+            "https://127.0.0.1:1/validate",
+            failurePolicy="Fail",
+            clientConfig={"url": "https://127.0.0.1:1/validate", "caBundle": BAD_CA_BUNDLE.decode()},
+        )
+    ]
+    write_config(tmp_path, validating={"a": hooks})
+    running = await start_gateway(nursery, tmp_path)
+    client = await gateway_client(running)
+
+    async def reviews(count: int) -> None:
+        for _ in range(count):
+            response = (await send_review(client, "validate", review())).json["response"]
+            assert response["allowed"] is False
+            assert (
+                "could not get REST client: unable to load root certificates" in response["status"]["message"]
+            )
+
+    tracemalloc.start()
+    try:
+        await reviews(50)  # warm up: whatever is built once is built now
+        before = _transport_bytes(tracemalloc.take_snapshot())
+        await reviews(300)
+        after = _transport_bytes(tracemalloc.take_snapshot())
+    finally:
+        tracemalloc.stop()
+    await client.aclose()
+    running.shutdown()
+    # A leak of even 100 bytes per call would be 30,000 bytes here.
+    assert after - before < 10_000, f"transport memory grew by {after - before} bytes over 300 calls"

@@ -148,6 +148,7 @@ async def serve(
         trio.open_nursery() as nursery,
     ):
         caller = BackendCaller(pool, credentials)
+        caller.prepare(first)  # backend targets (URL, TLS, credentials) are built with the snapshot
         source = await _namespace_source(nursery, options, store)
         namespaces = _NamespaceLabels(source)
         # MAT-33: ready once a configuration is loaded and, if any backend needs namespace labels,
@@ -178,6 +179,8 @@ async def serve(
         observer.watch_pool(pool)
 
         def on_reload(result: str, problems: Sequence[Any]) -> None:
+            if result == "success":
+                caller.prepare(store.snapshot)
             observer.config_reloaded(ok=result == "success", snapshot=store.snapshot, problems=list(problems))
 
         await nursery.start(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.config.model import Webhook
+from gateway.config.model import Snapshot, Webhook
 from gateway.errors import (
     CallingWebhookError,
     ClientConfigError,
@@ -21,7 +21,7 @@ from gateway.errors import (
 from gateway.tracing import child_traceparent
 from gateway.transport.credentials import CredentialStore
 from gateway.transport.pool import ClientPool
-from gateway.transport.resolve import Target, resolve_target
+from gateway.transport.resolve import Target, Targets
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,15 +42,32 @@ def _error_kind(cause: str) -> str:
 
 
 class BackendCaller:
-    """Calls backends through one shared ClientPool, with per-host credentials."""
+    """Calls backends through one shared ClientPool, with per-host credentials.
+
+    Owns its ``Targets``: ``prepare`` resolves a new configuration snapshot's backends once; setting
+    ``credentials`` (a reload) starts a new table, since every target may change with them.
+    """
 
     def __init__(self, pool: ClientPool, credentials: CredentialStore | None = None) -> None:
         self.pool = pool
-        self.credentials = credentials
+        self._targets = Targets(credentials)
+
+    @property
+    def credentials(self) -> CredentialStore | None:
+        return self._targets.credentials
+
+    @credentials.setter
+    def credentials(self, credentials: CredentialStore | None) -> None:
+        previous, self._targets = self._targets, Targets(credentials)
+        self._targets.retain(previous.client_configs())
+
+    def prepare(self, snapshot: Snapshot) -> None:
+        """Resolve the targets of ``snapshot``'s backends now, and forget those of older snapshots."""
+        self._targets.retain(hook.client_config for hook in (*snapshot.validating, *snapshot.mutating))
 
     def _target(self, hook: Webhook) -> Target:
         try:
-            return resolve_target(hook.client_config, self.credentials)
+            return self._targets.get(hook.client_config)
         except ClientConfigError as exc:
             raise CallingWebhookError(
                 f"could not get REST client: {exc}", status_code=500, kind="client_config"

@@ -1,14 +1,13 @@
-"""TLS settings for backend calls: one cached ``SSLContext`` per (caBundle, client certificate, ALPN).
+"""TLS settings for backend calls: an ``SSLContext`` per (caBundle, client certificate, ALPN).
 
-Sits under ``resolve`` (which picks the settings for a backend) and above the connections (which
-wrap sockets with the context). Contexts are built once and shared by every call with the same
-settings; building one costs milliseconds, so never per call (TRN-06).
+Sits under ``resolve`` (which picks the settings for a backend and keeps the contexts it built, one
+per distinct setting) and above the connections (which wrap sockets with the context). Building one
+costs milliseconds, so never per call (TRN-06).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import os
 import ssl
@@ -52,26 +51,12 @@ def tls_identity(ca_bundle: bytes, client_cert: ClientCertificate | None, *, htt
 def client_ssl_context(
     ca_bundle: bytes, client_cert: ClientCertificate | None, *, http2_allowed: bool
 ) -> ssl.SSLContext:
-    """The shared client context for these settings; raises ``ClientConfigError`` if unusable (TRN-07).
+    """A new client context for these settings; raises ``ClientConfigError`` if unusable (TRN-07).
 
     A non-empty ``ca_bundle`` is the only trust source, else the system roots; hostnames are checked
     against subjectAltName only; ALPN offers ``h2`` only when ``http2_allowed`` (TRN-08).
     """
-    result = _cached_context(ca_bundle, client_cert, http2_allowed)
-    if isinstance(result, ClientConfigError):
-        raise result
-    return result
-
-
-# Failures are cached too: a broken caBundle fails every call (TRN-07) without re-parsing it each time.
-@functools.lru_cache(maxsize=512)
-def _cached_context(
-    ca_bundle: bytes, client_cert: ClientCertificate | None, http2_allowed: bool
-) -> ssl.SSLContext | ClientConfigError:
-    try:
-        return _build_context(ca_bundle, client_cert, http2_allowed)
-    except ClientConfigError as exc:
-        return exc
+    return _build_context(ca_bundle, client_cert, http2_allowed)
 
 
 def _build_context(
