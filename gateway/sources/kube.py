@@ -16,21 +16,21 @@ import base64
 import ipaddress
 import os
 import ssl
-import tempfile
 import urllib.parse
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 import h11
 import msgspec
 import trio
-import yaml
 
 from gateway import __version__
 from gateway.errors import GatewayError
+from gateway.wire.kubeconfig import Kubeconfig, KubeconfigError
+from gateway.wire.tls import TLSMaterialError, client_context
 
 SERVICE_ACCOUNT_DIR: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 USER_AGENT: Final = f"webhook-gateway/{__version__}"
@@ -136,36 +136,6 @@ class KubeConfig:
         return None
 
 
-def _client_ssl_context(
-    *,
-    ca_pem: str | None,
-    cert_pem: bytes | None = None,
-    key_pem: bytes | None = None,
-    insecure: bool = False,
-) -> ssl.SSLContext:
-    """A TLS client context; a configured CA replaces the system roots, as in client-go."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.set_alpn_protocols(["http/1.1"])
-    if insecure:
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-    elif ca_pem:
-        ctx.load_verify_locations(cadata=ca_pem)
-    else:
-        ctx.load_default_certs()
-    if cert_pem is not None and key_pem is not None:
-        # ssl can only load a certificate chain from files: write both to a private temporary
-        # directory, load, and remove them at once.
-        with tempfile.TemporaryDirectory(prefix="webhook-gateway-kube-") as tmp:
-            cert_path, key_path = Path(tmp, "tls.crt"), Path(tmp, "tls.key")
-            cert_path.write_bytes(cert_pem)
-            key_path.touch(mode=0o600)
-            key_path.write_bytes(key_pem)
-            ctx.load_cert_chain(cert_path, key_path)
-    return ctx
-
-
 def in_cluster_config(
     environ: Mapping[str, str] | None = None,
     service_account_dir: Path = SERVICE_ACCOUNT_DIR,
@@ -180,13 +150,15 @@ def in_cluster_config(
     token = service_account_dir / "token"
     ca = service_account_dir / "ca.crt"
     try:
-        ca_pem = ca.read_text(encoding="ascii")
+        ca_pem = ca.read_bytes()
         namespace_file = service_account_dir / "namespace"
         namespace = namespace_file.read_text().strip() if namespace_file.exists() else "default"
         if not token.exists():
             raise KubeConfigError(f"service account token file {token} does not exist")
-        ctx = _client_ssl_context(ca_pem=ca_pem)
-    except (OSError, ssl.SSLError, ValueError) as exc:
+        ctx = client_context(ca_pem=ca_pem)
+    except TLSMaterialError as exc:
+        raise KubeConfigError(f"in-cluster configuration: {ca}: {exc}") from None
+    except OSError as exc:
         raise KubeConfigError(f"in-cluster configuration: {exc}") from exc
     return KubeConfig(
         server=f"https://{_join_host_port(host, int(port))}",
@@ -199,77 +171,34 @@ def in_cluster_config(
 def load_kubeconfig(path: Path, *, context: str | None = None) -> KubeConfig:
     """The cluster and user of ``context`` (default: current-context) in a kubeconfig file.
 
-    Supported user entries: ``token``, ``tokenFile``, ``client-certificate(-data)`` with
-    ``client-key(-data)``, ``username``/``password``. ``exec`` and ``auth-provider`` are refused.
-    Relative file names are relative to the kubeconfig file, as in kubectl.
+    Parsed by the one kubeconfig parser (``gateway.wire.kubeconfig``, the same rules as backend
+    credentials): ``token``, ``tokenFile`` (re-read when rotated), ``client-certificate(-data)`` with
+    ``client-key(-data)``, ``username``/``password``; ``exec``, ``auth-provider`` and impersonation
+    are refused. Relative file names are relative to the kubeconfig file, as in kubectl.
     """
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise KubeConfigError(f"{path}: {exc}") from exc
-    if not isinstance(doc, dict):
-        raise KubeConfigError(f"{path}: not a kubeconfig file")
-    ctx_name = context or doc.get("current-context") or ""
-    ctx = _named(doc, "contexts", "context", ctx_name, path)
-    cluster = _named(doc, "clusters", "cluster", str(ctx.get("cluster", "")), path)
-    user_name = str(ctx.get("user", ""))
-    user = _named(doc, "users", "user", user_name, path) if user_name else {}
-    base = path.parent
-
-    def data_or_file(entry: Mapping[str, Any], key: str) -> bytes | None:
-        if entry.get(f"{key}-data"):
-            try:
-                return base64.b64decode(str(entry[f"{key}-data"]), validate=True)
-            except ValueError as exc:
-                raise KubeConfigError(f"{path}: {key}-data is not base64: {exc}") from exc
-        if entry.get(key):
-            try:
-                return (base / str(entry[key])).read_bytes()
-            except OSError as exc:
-                raise KubeConfigError(f"{path}: {key}: {exc}") from exc
-        return None
-
-    for unsupported in ("exec", "auth-provider"):
-        if user.get(unsupported):
-            raise KubeConfigError(f'{path}: user "{user_name}": {unsupported} is not supported')
-    server = str(cluster.get("server", ""))
-    scheme = urllib.parse.urlsplit(server).scheme
-    if scheme not in ("https", "http"):
-        raise KubeConfigError(f'{path}: cluster server "{server}" must be an https URL')
-    ssl_context = None
-    if scheme == "https":
-        ca = data_or_file(cluster, "certificate-authority")
-        cert = data_or_file(user, "client-certificate")
-        key = data_or_file(user, "client-key")
-        if (cert is None) != (key is None):
-            raise KubeConfigError(f'{path}: user "{user_name}": client certificate and key go together')
-        try:
-            ssl_context = _client_ssl_context(
-                ca_pem=ca.decode("ascii") if ca else None,
-                cert_pem=cert,
-                key_pem=key,
-                insecure=bool(cluster.get("insecure-skip-tls-verify")),
+        chosen = Kubeconfig.load(path).context(context)
+        cluster, user = chosen.cluster, chosen.user
+        ssl_context = None
+        if urllib.parse.urlsplit(cluster.server).scheme == "https":
+            ssl_context = client_context(
+                ca_pem=cluster.ca_pem,
+                client_cert=user.client_cert if user is not None else None,
+                insecure=cluster.insecure,
             )
-        except (ssl.SSLError, ValueError, OSError) as exc:
-            raise KubeConfigError(f"{path}: TLS settings: {exc}") from exc
-    token_file = TokenFile(base / str(user["tokenFile"])) if user.get("tokenFile") else None
-    basic = (str(user["username"]), str(user.get("password", ""))) if user.get("username") else None
+    except (KubeconfigError, TLSMaterialError) as exc:
+        raise KubeConfigError(f"{exc}" if isinstance(exc, KubeconfigError) else f"{path}: {exc}") from None
     return KubeConfig(
-        server=server.rstrip("/"),
+        server=cluster.server,
         ssl_context=ssl_context,
-        tls_server_name=str(cluster["tls-server-name"]) if cluster.get("tls-server-name") else None,
-        token=str(user["token"]) if user.get("token") else None,
-        token_file=token_file,
-        basic_auth=basic,
-        namespace=str(ctx.get("namespace") or "default"),
+        tls_server_name=cluster.tls_server_name,
+        token=user.token if user is not None and user.token_file is None else None,
+        token_file=TokenFile(user.token_file) if user is not None and user.token_file is not None else None,
+        basic_auth=(user.username or "", user.password or "")
+        if user is not None and (user.username is not None or user.password is not None)
+        else None,
+        namespace=chosen.namespace,
     )
-
-
-def _named(doc: Mapping[str, Any], section: str, key: str, name: str, path: Path) -> dict[str, Any]:
-    for entry in doc.get(section) or ():
-        if isinstance(entry, dict) and entry.get("name") == name and isinstance(entry.get(key), dict):
-            return entry[key]  # type: ignore[no-any-return]
-    raise KubeConfigError(f'{path}: no {key} named "{name}"')
 
 
 def _join_host_port(host: str, port: int) -> str:
