@@ -432,7 +432,7 @@ def test_cfg13_exactly_one_of_url_or_service(client_config: Any) -> None:
         pytest.param(
             "https://admin:secret@backend.example.com/",
             [
-                'webhooks[0].clientConfig.url: Invalid value: "admin:secret": user information is not permitted in the URL'
+                'webhooks[0].clientConfig.url: Invalid value: "admin:xxxxx": user information is not permitted in the URL'
             ],
             id="CFG-14: user information is refused",
         ),

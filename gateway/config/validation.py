@@ -162,8 +162,19 @@ _URL_FORM: Final = "; desired format: https://host[/path]"
 _PORT = re.compile(r"[0-9]*")
 
 
+def _redacted(url: str) -> str:
+    """``url`` with the password of its user information replaced by ``xxxxx`` (Go's URL.Redacted)."""
+    scheme, slashes, rest = url.partition("//")
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    userinfo, at, hostport = rest[:end].rpartition("@")
+    if not slashes or not at or ":" not in userinfo:
+        return url
+    return f"{scheme}//{userinfo.partition(':')[0]}:xxxxx@{hostport}{rest[end:]}"
+
+
 def _url_parse_error(url: str) -> str | None:
     """The few ``url.Parse`` failures Python's ``urlsplit`` would silently repair or miss."""
+    url = _redacted(url)  # the URL is quoted below: never with its password
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in url):
         return f"parse {go_quote(url)}: net/url: invalid control character in URL"
     try:
@@ -207,7 +218,10 @@ def validate_url(url: str, path: str, *, strict_https: bool) -> list[FieldError]
     if not host:
         errors.append(invalid(path, host, "host must be specified" + _URL_FORM))
     if at:
-        errors.append(invalid(path, userinfo, "user information is not permitted in the URL"))
+        # Never echo a password (Go's URL.Redacted form): the error reaches logs on every reload.
+        user, colon, _password = userinfo.partition(":")
+        shown = user + (":xxxxx" if colon else "")
+        errors.append(invalid(path, shown, "user information is not permitted in the URL"))
     if parts.fragment:
         errors.append(invalid(path, parts.fragment, "fragments are not permitted in the URL"))
     if parts.query:
