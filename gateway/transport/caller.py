@@ -31,16 +31,6 @@ class Reply:
     body: bytes
 
 
-def _error_kind(cause: str) -> str:
-    """A small, bounded vocabulary for the call-error metric's ``reason`` label."""
-    lowered = cause.lower()
-    if "certificate" in lowered or "tls" in lowered or "ssl" in lowered:
-        return "tls"
-    if "refused" in lowered or "no such host" in lowered or "dial tcp" in lowered or "unreachable" in lowered:
-        return "connect"
-    return "transport"
-
-
 class BackendCaller:
     """Calls backends through one shared ClientPool, with per-host credentials.
 
@@ -91,7 +81,7 @@ class BackendCaller:
                 f"failed to call webhook: {exc.cause}", status_code=503, kind="too_large"
             ) from None
         except TransportError as exc:
-            raise self._failed(target, timeout_seconds, exc, _error_kind(exc.cause)) from None
+            raise self._failed(target, timeout_seconds, exc, exc.kind) from None
         content_type = response.header(b"content-type") or b""
         return Reply(response.status, content_type.decode("latin-1"), response.body)
 
