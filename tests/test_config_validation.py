@@ -457,6 +457,14 @@ def test_cfg13_exactly_one_of_url_or_service(client_config: Any) -> None:
             id="CFG-14: a URL that does not parse is refused",
         ),
         pytest.param(
+            "https://admin:secret@backend.example.com:port/x",
+            [
+                "webhooks[0].clientConfig.url: Required value: url must be a valid URL: "
+                f'parse "https://admin:xxxxx@backend.example.com:port/x": invalid port ":port" after host{URL_FORM}'
+            ],
+            id="CFG-14: a URL that does not parse is quoted without its password",
+        ),
+        pytest.param(
             "https://backend.example.com:8443/a/b", [], id="CFG-14: https with port and path is accepted"
         ),
         pytest.param("HTTPS://backend.example.com", [], id="CFG-14: the scheme is case-insensitive"),

@@ -37,6 +37,7 @@ from gateway.config.formats import (
     is_label_value,
     is_qualified_name,
 )
+from gateway.wire.redact import redact_url
 
 # Supported values, sorted as upstream's sets.String.List() prints them.
 FAILURE_POLICIES: Final = ("Fail", "Ignore")
@@ -162,33 +163,23 @@ _URL_FORM: Final = "; desired format: https://host[/path]"
 _PORT = re.compile(r"[0-9]*")
 
 
-def _redacted(url: str) -> str:
-    """``url`` with the password of its user information replaced by ``xxxxx`` (Go's URL.Redacted)."""
-    scheme, slashes, rest = url.partition("//")
-    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
-    userinfo, at, hostport = rest[:end].rpartition("@")
-    if not slashes or not at or ":" not in userinfo:
-        return url
-    return f"{scheme}//{userinfo.partition(':')[0]}:xxxxx@{hostport}{rest[end:]}"
-
-
 def _url_parse_error(url: str) -> str | None:
     """The few ``url.Parse`` failures Python's ``urlsplit`` would silently repair or miss."""
-    url = _redacted(url)  # the URL is quoted below: never with its password
+    shown = go_quote(redact_url(url))  # quoted in the errors: never with its password
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in url):
-        return f"parse {go_quote(url)}: net/url: invalid control character in URL"
+        return f"parse {shown}: net/url: invalid control character in URL"
     try:
         parts = urlsplit(url)
     except ValueError as exc:
-        return f"parse {go_quote(url)}: {exc}"
+        return f"parse {shown}: {exc}"
     hostport = parts.netloc.rpartition("@")[2]
     if " " in hostport:
-        return f'parse {go_quote(url)}: invalid character " " in host name'
+        return f'parse {shown}: invalid character " " in host name'
     port = hostport.rpartition("]")[2] if hostport.startswith("[") else hostport
     if ":" in port:
         digits = port.rpartition(":")[2]  # Go takes the port after the last colon
         if not _PORT.fullmatch(digits):
-            return f"parse {go_quote(url)}: invalid port {go_quote(':' + digits)} after host"
+            return f"parse {shown}: invalid port {go_quote(':' + digits)} after host"
     return None
 
 

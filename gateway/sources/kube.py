@@ -31,7 +31,7 @@ from gateway import __version__
 from gateway.errors import GatewayError, TransportError
 from gateway.wire.errors import dial_error, tls_error
 from gateway.wire.http11 import HTTP11Exchange
-from gateway.wire.kubeconfig import Kubeconfig, KubeconfigError
+from gateway.wire.kubeconfig import Kubeconfig, KubeconfigError, redact_url
 from gateway.wire.tls import TLSMaterialError, client_context
 
 SERVICE_ACCOUNT_DIR: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -307,7 +307,7 @@ class KubeClient:
             self._host_header = f"[{self._host}]" if ":" in self._host else self._host
 
     def __repr__(self) -> str:
-        return f"<KubeClient {self.config.server}>"
+        return f"<KubeClient {redact_url(self.config.server)}>"
 
     def url(self, path: str, query: Mapping[str, str] | None = None) -> str:
         """The full URL of ``path`` (``/api/v1/...``) with its query string."""

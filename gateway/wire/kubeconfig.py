@@ -19,12 +19,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import yaml
 
 from gateway.errors import GatewayError
+from gateway.wire.redact import redact_url
 from gateway.wire.tls import ClientCertificate
+
+__all__ = ["Cluster", "Context", "Credentials", "Kubeconfig", "KubeconfigError", "redact_url"]
 
 Header = tuple[bytes, bytes]
 
@@ -41,19 +44,6 @@ _FILE_FIELDS = ("tokenFile", "client-certificate", "client-key")
 
 class KubeconfigError(GatewayError):
     """A kubeconfig-format file cannot be used: one line naming file and field, never a secret."""
-
-
-def redact_url(url: str) -> str:
-    """``url`` with the password of its user information replaced, as Go's ``URL.Redacted``."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparseable URL>"
-    userinfo, at, hostport = parts.netloc.rpartition("@")
-    if not at:
-        return url
-    user, colon, _password = userinfo.partition(":")
-    return urlunsplit(parts._replace(netloc=f"{user}{':xxxxx' if colon else ''}@{hostport}"))
 
 
 @dataclass(frozen=True, slots=True, repr=False)
