@@ -14,6 +14,8 @@ from pathlib import Path
 import h11
 import pytest
 import trio
+import yaml
+from structlog.testing import capture_logs
 
 from tests.support.gateway import gateway_client, hook, review, send_review, start_gateway, write_config
 
@@ -162,3 +164,53 @@ async def test_an_unusable_ca_bundle_fails_every_call_with_a_fresh_error(
     running.shutdown()
     # A leak of even 100 bytes per call would be 30,000 bytes here.
     assert after - before < 10_000, f"transport memory grew by {after - before} bytes over 300 calls"
+
+
+SECRET = "S3CR3T-reload-4e1b"
+
+
+@pytest.mark.parametrize(
+    "breakage",
+    [
+        pytest.param(
+            "kubeconfig-yaml", id="a backend kubeconfig rewritten with a YAML error: no token in the log"
+        ),
+        pytest.param(
+            "kubeconfig-both", id="TRN-11: a backend kubeconfig rewritten with token and basic: no secret"
+        ),
+        pytest.param(
+            "url-userinfo", id="CFG-14: a reloaded URL with user information: no password in the log"
+        ),
+    ],
+)
+async def test_a_refused_reload_logs_no_secret(nursery: trio.Nursery, tmp_path: Path, breakage: str) -> None:
+    """A reload that fails keeps the old files' settings and logs why, without any secret value."""
+    from gateway.devtools.backends import serve_backend
+
+    server = await nursery.start(lambda task_status: serve_backend(task_status=task_status))
+    url = f"http://127.0.0.1:{server.port}/allow"
+    write_config(tmp_path / "c", validating={"a": [hook("b.example.com", url)]})
+    kubeconfig = tmp_path / "backends.kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({"users": [{"name": "*", "user": {"token": "good"}}]}))
+    running = await start_gateway(
+        nursery, tmp_path / "c", "--backend-kubeconfig", str(kubeconfig), "--config-poll-seconds", "0.05"
+    )
+    client = await gateway_client(running)
+    with capture_logs() as logs:
+        if breakage == "kubeconfig-yaml":
+            kubeconfig.write_text(f"users:\n- name: '*'\n  user:\n    token: [{SECRET}\n")
+        elif breakage == "kubeconfig-both":
+            user = {"token": SECRET, "username": "admin", "password": SECRET}
+            kubeconfig.write_text(yaml.safe_dump({"users": [{"name": "*", "user": user}]}))
+        else:
+            bad = f"https://admin:{SECRET}@backend.example.com/validate"
+            write_config(tmp_path / "c", validating={"a": [hook("b.example.com", bad)]})
+        with trio.fail_after(5):
+            while not any(entry["log_level"] == "error" for entry in logs):
+                await trio.sleep(0.05)
+        response = (await send_review(client, "validate", review())).json["response"]
+    await client.aclose()
+    running.shutdown()
+    assert response["allowed"] is True
+    assert server.calls[-1].header("authorization") == "Bearer good"  # the old settings still serve
+    assert SECRET not in repr(logs), logs
