@@ -135,10 +135,15 @@ TLSKey = tuple[bytes, ClientCertificate | None, bool]
 
 
 class TLSContexts:
-    """Client ``SSLContext``s by TLS settings (caBundle, client certificate, ALPN), built once each."""
+    """Client ``SSLContext``s by TLS settings (caBundle, client certificate, ALPN), built once each.
 
-    def __init__(self) -> None:
+    ``previous``: a table whose contexts are taken over when asked for again (a new snapshot keeps
+    the contexts it still uses, and only those).
+    """
+
+    def __init__(self, previous: TLSContexts | None = None) -> None:
         self._built: dict[TLSKey, ssl.SSLContext | Unusable] = {}
+        self._previous = previous._built if previous is not None else {}
 
     def get(
         self, ca_bundle: bytes, client_cert: ClientCertificate | None, http2_allowed: bool
@@ -146,21 +151,27 @@ class TLSContexts:
         key = (ca_bundle, client_cert, http2_allowed)
         built = self._built.get(key)
         if built is None:
+            built = self._previous.get(key)
+        if built is None:
             try:
                 built = client_ssl_context(ca_bundle, client_cert, http2_allowed=http2_allowed)
             except ClientConfigError as exc:
                 built = Unusable(str(exc))
-            self._built[key] = built
+        self._built[key] = built
         if isinstance(built, Unusable):
             raise built.error()
         return built
+
+    def forget_previous(self) -> None:
+        self._previous = {}
 
 
 class Targets:
     """The resolved targets of one backend caller: one per client configuration, for one credential store.
 
     ``retain`` (called with each new configuration snapshot) resolves that snapshot's client
-    configurations and forgets every other one, so the table lives as long as the snapshot.
+    configurations and forgets every other one (and every TLS context no longer used), so the table
+    lives as long as the snapshot.
     A configuration not seen before (a review still holding the previous snapshot) is resolved on
     first use; ``MAX_ENTRIES`` bounds the table even if ``retain`` is never called.
     """
@@ -188,14 +199,16 @@ class Targets:
         return list(self._targets)
 
     def retain(self, client_configs: Iterable[ClientConfig]) -> None:
-        """Keep (or resolve now) exactly these client configurations' targets."""
-        previous, self._targets = self._targets, {}
+        """Resolve exactly these client configurations now; forget every other target and context.
+
+        Targets are cheap to rebuild; TLS contexts still in use are taken over, not rebuilt.
+        """
+        self._targets = {}
+        self._contexts = TLSContexts(previous=self._contexts)
         for client_config in client_configs:
-            known = previous.get(client_config)
-            if known is not None:
-                self._targets[client_config] = known
-            else:
+            if client_config not in self._targets:
                 self._resolve(client_config)
+        self._contexts.forget_previous()
 
     def _resolve(self, client_config: ClientConfig) -> Target | Unusable:
         result: Target | Unusable
