@@ -184,8 +184,9 @@ class Kubeconfig:
 
     def context(self, name: str | None = None) -> Context:
         """The cluster and user of context ``name`` (default: ``current-context``)."""
+        chosen_by = "context" if name else "current-context"
         name = name or str(self.document.get("current-context") or "")
-        context = self._context(name)
+        context = self._context(name, chosen_by)
         cluster_name = str(context.get("cluster", ""))
         cluster = self._named("clusters", "cluster", cluster_name)
         where = f'{self.source}: clusters "{cluster_name}"'
@@ -214,14 +215,14 @@ class Kubeconfig:
     def _entries(self, section: str) -> list[dict[str, Any]]:
         return [entry for entry in self.document.get(section) or () if isinstance(entry, dict)]
 
-    def _context(self, name: str) -> dict[str, Any]:
+    def _context(self, name: str, chosen_by: str = "current-context") -> dict[str, Any]:
         for entry in self._entries("contexts"):
             if entry.get("name") == name:
                 context = entry.get("context") or {}
                 if not isinstance(context, dict):
                     raise KubeconfigError(f'{self.source}: contexts "{name}": context must be a mapping')
                 return context
-        raise KubeconfigError(f'{self.source}: current-context "{name}" not found in contexts')
+        raise KubeconfigError(f'{self.source}: {chosen_by} "{name}" not found in contexts')
 
     def _named(self, section: str, key: str, name: str) -> dict[str, Any]:
         for entry in self._entries(section):
@@ -238,7 +239,7 @@ class Kubeconfig:
         token = _string(user, "token", where)
         token_file_name = _string(user, "tokenFile", where)
         token_file = self.base / token_file_name if token_file_name is not None else None
-        if token is None and token_file is not None:
+        if token_file is not None:  # as in client-go, the file's token wins over ``token``
             token = _read(token_file, where, "tokenFile").decode("utf-8", "replace").strip()
         username = _string(user, "username", where)
         password = _string(user, "password", where)
@@ -260,7 +261,7 @@ class Kubeconfig:
             username=username,
             password=password,
             client_cert=client_cert,
-            token_file=token_file if user.get("token") in (None, "") else None,
+            token_file=token_file,
         )
 
 
