@@ -8,6 +8,10 @@ from __future__ import annotations
 import sys
 from argparse import Namespace
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.errors import GatewayError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -52,9 +56,10 @@ def serve(options: Namespace) -> int:
     """Run the gateway until SIGTERM/SIGINT; exit 2 if the configuration is refused at start-up."""
     from functools import partial
 
+    import structlog
     import trio
 
-    from gateway.errors import ConfigError
+    from gateway.errors import ConfigError, GatewayError
     from gateway.observability import Observability, configure_logging
     from gateway.server.serve import serve as run_server
 
@@ -70,7 +75,23 @@ def serve(options: Namespace) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except (GatewayError, BaseExceptionGroup) as exc:
+        refused = _refusal(exc)
+        if refused is None:
+            raise
+        # A credential file refused at start-up: one line naming file and field, never a traceback.
+        structlog.get_logger("gateway").error("start-up refused", error=str(refused))
+        return 2
     return 0
+
+
+def _refusal(exc: BaseException) -> GatewayError | None:
+    """The gateway's own error behind ``exc`` when it is the only one (nurseries wrap errors)."""
+    from gateway.errors import GatewayError
+
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc if isinstance(exc, GatewayError) else None
 
 
 if __name__ == "__main__":

@@ -65,15 +65,21 @@ class BadReview(GatewayError):
 # --- calling a backend ---------------------------------------------------------------------------
 
 
+TransportErrorKind = Literal["connect", "tls", "timeout", "too_large", "transport"]
+
+
 class TransportError(GatewayError):
     """The transport could not deliver a request or read its reply.
 
     ``cause`` is the Go-like text upstream would print after ``Post "<url>": `` (ERR-06), e.g.
-    ``context deadline exceeded``, ``dial tcp 127.0.0.1:1: connect: connection refused``.
+    ``context deadline exceeded``, ``dial tcp 127.0.0.1:1: connect: connection refused``. ``kind``
+    classifies it where the foreign error is mapped (``gateway.wire.errors``), once: callers never
+    parse ``cause``.
     """
 
-    def __init__(self, cause: str) -> None:
+    def __init__(self, cause: str, kind: TransportErrorKind = "transport") -> None:
         self.cause = cause
+        self.kind: TransportErrorKind = kind
         super().__init__(cause)
 
 
@@ -81,7 +87,7 @@ class TransportTimeout(TransportError):
     """The call's deadline passed (FPT-05)."""
 
     def __init__(self) -> None:
-        super().__init__("context deadline exceeded")
+        super().__init__("context deadline exceeded", "timeout")
 
 
 class ResponseTooLarge(TransportError):
@@ -89,7 +95,7 @@ class ResponseTooLarge(TransportError):
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        super().__init__(f"response body exceeds {limit} bytes")
+        super().__init__(f"response body exceeds {limit} bytes", "too_large")
 
 
 class ClientConfigError(GatewayError):

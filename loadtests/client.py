@@ -17,11 +17,15 @@ import h2.connection
 import h2.events
 import h2.exceptions
 import h2.settings
-import h11
 import trio
+
+from gateway.errors import TransportError
+from gateway.wire import tls
+from gateway.wire.http11 import HTTP11Exchange
 
 RECEIVE_SIZE = 262144
 _IO_TIMEOUT = 60.0
+_MAX_BODY = 64 << 20
 
 
 class ConnectionLostError(Exception):
@@ -68,12 +72,9 @@ async def _open_stream(endpoint: Endpoint, alpn: str) -> trio.abc.Stream:
 
 def client_context(ca_pem: bytes | None, protocol: str, insecure: bool = False) -> ssl.SSLContext:
     """A TLS client context trusting ``ca_pem`` (or system roots), offering one ALPN protocol."""
-    ctx = ssl.create_default_context(cadata=ca_pem.decode() if ca_pem else None)
-    if insecure:
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-    ctx.set_alpn_protocols(["h2"] if protocol == "h2" else ["http/1.1"])
-    return ctx
+    return tls.client_context(
+        ca_pem=ca_pem, alpn=["h2"] if protocol == "h2" else ["http/1.1"], insecure=insecure
+    )
 
 
 class Http1Connection:
@@ -81,7 +82,7 @@ class Http1Connection:
 
     def __init__(self, stream: trio.abc.Stream, authority: str) -> None:
         self.stream = stream
-        self.conn = h11.Connection(h11.CLIENT)
+        self.exchange = HTTP11Exchange(stream)  # the gateway's own HTTP/1.1 client loop
         self.base_headers = [
             (b"host", authority.encode()),
             (b"content-type", b"application/json"),
@@ -94,41 +95,18 @@ class Http1Connection:
         return cls(await _open_stream(endpoint, "http/1.1"), endpoint.authority)
 
     async def request(self, path: bytes, body: bytes, method: bytes = b"POST") -> tuple[int, bytes]:
-        conn = self.conn
-        if conn.our_state is h11.DONE and conn.their_state is h11.DONE:
-            conn.start_next_cycle()
         headers = [*self.base_headers, (b"content-length", str(len(body)).encode())]
-        out = conn.send(h11.Request(method=method, target=path, headers=headers)) or b""
-        out += conn.send(h11.Data(data=body)) or b""
-        out += conn.send(h11.EndOfMessage()) or b""
         try:
             with trio.fail_after(_IO_TIMEOUT):
-                await self.stream.send_all(out)
-                status = 0
-                chunks: list[bytes] = []
-                while True:
-                    event = conn.next_event()
-                    if event is h11.NEED_DATA:
-                        conn.receive_data(bytes(await self.stream.receive_some(RECEIVE_SIZE)))
-                    elif isinstance(event, h11.Response):
-                        status = event.status_code
-                    elif isinstance(event, h11.Data):
-                        chunks.append(bytes(event.data))
-                    elif isinstance(event, h11.EndOfMessage):
-                        return status, b"".join(chunks)
-                    elif isinstance(event, h11.ConnectionClosed):
-                        raise ConnectionLostError("connection closed")
-        except (
-            trio.BrokenResourceError,
-            trio.ClosedResourceError,
-            h11.RemoteProtocolError,
-            ssl.SSLError,
-        ) as exc:
-            raise ConnectionLostError(str(exc) or type(exc).__name__) from exc
+                await self.exchange.send(method, path, headers, body)
+                status, _headers = await self.exchange.receive_head()
+                return status, await self.exchange.receive_body(_MAX_BODY)
+        except TransportError as exc:
+            raise ConnectionLostError(exc.cause) from exc
 
     @property
     def reusable(self) -> bool:
-        return self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE
+        return self.exchange.reusable
 
     async def aclose(self) -> None:
         await self.stream.aclose()

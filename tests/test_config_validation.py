@@ -432,7 +432,7 @@ def test_cfg13_exactly_one_of_url_or_service(client_config: Any) -> None:
         pytest.param(
             "https://admin:secret@backend.example.com/",
             [
-                'webhooks[0].clientConfig.url: Invalid value: "admin:secret": user information is not permitted in the URL'
+                'webhooks[0].clientConfig.url: Invalid value: "admin:xxxxx": user information is not permitted in the URL'
             ],
             id="CFG-14: user information is refused",
         ),
@@ -455,6 +455,14 @@ def test_cfg13_exactly_one_of_url_or_service(client_config: Any) -> None:
                 f'parse "https://backend.example.com:port/x": invalid port ":port" after host{URL_FORM}'
             ],
             id="CFG-14: a URL that does not parse is refused",
+        ),
+        pytest.param(
+            "https://admin:secret@backend.example.com:port/x",
+            [
+                "webhooks[0].clientConfig.url: Required value: url must be a valid URL: "
+                f'parse "https://admin:xxxxx@backend.example.com:port/x": invalid port ":port" after host{URL_FORM}'
+            ],
+            id="CFG-14: a URL that does not parse is quoted without its password",
         ),
         pytest.param(
             "https://backend.example.com:8443/a/b", [], id="CFG-14: https with port and path is accepted"

@@ -303,9 +303,13 @@ def test_in_cluster_config_needs_the_environment(tmp_path: Path) -> None:
             "client-cert-files", "ok", id="kubeconfig: relative client-certificate/client-key files"
         ),
         pytest.param("token-file", "ok", id="kubeconfig: tokenFile relative to the kubeconfig"),
-        pytest.param("exec", "exec is not supported", id="kubeconfig: exec credentials are refused"),
         pytest.param(
-            "cert-without-key", "client certificate and key go together", id="kubeconfig: a lone cert"
+            "exec", "exec credential plugins are not supported", id="kubeconfig: exec credentials are refused"
+        ),
+        pytest.param(
+            "cert-without-key",
+            "client-certificate and client-key must be given together",
+            id="kubeconfig: a lone cert",
         ),
     ],
 )

@@ -245,3 +245,14 @@ def test_unusable_client_certificate_fails_resolution() -> None:
     config = ClientConfig(service=ServiceReference(namespace="ns", name="hook"))
     with pytest.raises(ClientConfigError, match=r"^tls: "):
         resolve_target(config, store)
+
+
+def test_token_file_wins_over_token(tmp_path: Path) -> None:
+    """TRN-11: with both ``token`` and ``tokenFile``, the file's token is sent (as client-go does)."""
+    (tmp_path / "token").write_text("from-file\n")
+    store = CredentialStore.from_document(
+        {"users": [{"name": "*", "user": {"token": "inline", "tokenFile": "token"}}]}, base_dir=tmp_path
+    )
+    found = store.lookup("hook.ns.svc", 443)
+    assert found is not None
+    assert found.headers == ((b"authorization", b"Bearer from-file"),)

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
 import pytest
 import trio
 import trio.testing
@@ -259,3 +263,94 @@ async def test_outbound_headers_over_http2(
         assert {k: seen.headers[k] for k in expected} == expected
         assert seen.headers["content-type"] == "application/json"
         assert seen.headers["content-length"] == "2"
+
+
+class ScriptedH2Backend:
+    """An h2c backend that treats the first stream of its first connection per ``mode``, answers others 200.
+
+    ``refuse``: RST_STREAM(REFUSED_STREAM) before reading the body; ``reset``: read the whole request,
+    then RST_STREAM(INTERNAL_ERROR); ``goaway``: read the whole request, then GOAWAY naming that
+    stream as the last one processed, and close without answering.
+    """
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.requests: list[tuple[int, int, bool]] = []  # (connection, stream, whole request read)
+        self.connections = 0
+
+    async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        task_status.started(int(listeners[0].socket.getsockname()[1]))
+        await trio.serve_listeners(self._connection, listeners)
+
+    async def _connection(self, stream: trio.SocketStream) -> None:
+        index = self.connections
+        self.connections += 1
+        connection = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+        connection.initiate_connection()
+        async with stream:
+            await stream.send_all(connection.data_to_send())
+            while data := await stream.receive_some(65536):
+                for event in connection.receive_data(data):
+                    first = index == 0 and event_stream(event) == 1
+                    if isinstance(event, h2.events.RequestReceived) and first and self.mode == "refuse":
+                        self.requests.append((index, event.stream_id, False))
+                        connection.reset_stream(event.stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+                    elif first and self.mode == "refuse":
+                        continue  # the rest of the refused stream is dropped
+                    elif isinstance(event, h2.events.StreamEnded):
+                        self.requests.append((index, event.stream_id, True))
+                        if first and self.mode == "reset":
+                            connection.reset_stream(event.stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
+                        elif first and self.mode == "goaway":
+                            connection.close_connection(last_stream_id=event.stream_id)
+                            await stream.send_all(connection.data_to_send())
+                            return
+                        else:
+                            connection.send_headers(event.stream_id, [(":status", "200")], end_stream=True)
+                    elif isinstance(event, h2.events.DataReceived):
+                        connection.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                await stream.send_all(connection.data_to_send())
+
+
+def event_stream(event: h2.events.Event) -> int:
+    return int(getattr(event, "stream_id", 0) or 0)
+
+
+@pytest.mark.parametrize(
+    ("mode", "outcome", "requests"),
+    [
+        pytest.param(
+            "refuse",
+            200,
+            [(0, 1, False), (0, 3, True)],
+            id="FPT-10: REFUSED_STREAM was provably not processed: sent once more",
+        ),
+        pytest.param(
+            "reset",
+            "INTERNAL_ERROR",
+            [(0, 1, True)],
+            id="FPT-10: a stream reset after the backend read it is one failed call, never resent",
+        ),
+        pytest.param(
+            "goaway",
+            "unexpected EOF",
+            [(0, 1, True)],
+            id="FPT-10: GOAWAY whose last stream id includes the call is one failed call, never resent",
+        ),
+    ],
+)
+async def test_only_unprocessed_streams_are_resent(
+    nursery: trio.Nursery, mode: str, outcome: object, requests: list[tuple[int, int, bool]]
+) -> None:
+    backend = ScriptedH2Backend(mode)
+    port = await nursery.start(backend.serve)
+    async with ClientPool(h2c_prior_knowledge=True) as pool:
+        call = pool.post(target(f"http://127.0.0.1:{port}/x"), body=b"{}", timeout_seconds=5)
+        if isinstance(outcome, int):
+            assert (await call).status == outcome
+        else:
+            with pytest.raises(TransportError) as info:
+                await call
+            assert str(outcome) in info.value.cause, info.value.cause
+    assert backend.requests == requests

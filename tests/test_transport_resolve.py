@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import traceback
+
 import pytest
 import trustme
 
 from gateway.config.model import ClientConfig, ServiceReference
 from gateway.errors import ClientConfigError
-from gateway.transport import CredentialStore, go_duration, normalize_path, resolve_target
+from gateway.transport import CredentialStore, Targets, go_duration, normalize_path, resolve_target
 from gateway.transport.resolve import is_loopback_host
 
 
@@ -165,21 +167,43 @@ def test_loopback_hosts(host: str, loopback: bool) -> None:
     ],
 )
 def test_unusable_ca_bundle(ca_bundle: bytes) -> None:
-    """An unusable caBundle fails resolution with ClientConfigError, on every call."""
+    """An unusable caBundle fails resolution with ClientConfigError, on every call, each a new error."""
     config = ClientConfig(url="https://hook.example.com/", ca_bundle=ca_bundle)
     for _ in range(2):
         with pytest.raises(ClientConfigError, match="unable to load root certificates"):
             resolve_target(config, None)
+    targets = Targets(None)
+    errors = []
+    for _ in range(3):
+        with pytest.raises(ClientConfigError, match="unable to load root certificates") as info:
+            targets.get(config)
+        errors.append(info.value)
+    # TRN-07: a fresh value per call; a re-raised stored error would grow its traceback each time.
+    assert len({id(error) for error in errors}) == 3
+    assert len({len(traceback.extract_tb(error.__traceback__)) for error in errors}) == 1
 
 
-def test_targets_and_contexts_are_cached(ca: trustme.CA) -> None:
-    """Resolving the same config twice costs a lookup; equal TLS settings share one SSLContext."""
+def test_targets_and_contexts_are_built_once(ca: trustme.CA) -> None:
+    """A caller's table resolves the same config once; equal TLS settings share one SSLContext."""
     bundle = ca.cert_pem.bytes()
-    first = resolve_target(ClientConfig(url="https://a.example.com/x", ca_bundle=bundle), None)
-    again = resolve_target(ClientConfig(url="https://a.example.com/x", ca_bundle=bundle), None)
-    other_path = resolve_target(ClientConfig(url="https://b.example.com/y", ca_bundle=bundle), None)
+    targets = Targets(None)
+    first = targets.get(ClientConfig(url="https://a.example.com/x", ca_bundle=bundle))
+    again = targets.get(ClientConfig(url="https://a.example.com/x", ca_bundle=bundle))
+    other_path = targets.get(ClientConfig(url="https://b.example.com/y", ca_bundle=bundle))
     assert again is first
     assert other_path.ssl_context is first.ssl_context
+
+
+def test_targets_live_as_long_as_their_snapshot(ca: trustme.CA) -> None:
+    """``retain`` keeps the targets of the new snapshot's configs and forgets every other one."""
+    kept = ClientConfig(url="https://a.example.com/x", ca_bundle=ca.cert_pem.bytes())
+    dropped = ClientConfig(url="https://b.example.com/y")
+    targets = Targets(None)
+    first = targets.get(kept)
+    targets.get(dropped)
+    targets.retain([kept])
+    assert targets.client_configs() == [kept]
+    assert targets.get(kept).ssl_context is first.ssl_context  # a context still in use is kept
 
 
 def test_origin_key_separates_tls_settings_and_credentials(ca: trustme.CA) -> None:

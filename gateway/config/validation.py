@@ -37,6 +37,7 @@ from gateway.config.formats import (
     is_label_value,
     is_qualified_name,
 )
+from gateway.wire.redact import redact_url
 
 # Supported values, sorted as upstream's sets.String.List() prints them.
 FAILURE_POLICIES: Final = ("Fail", "Ignore")
@@ -164,20 +165,21 @@ _PORT = re.compile(r"[0-9]*")
 
 def _url_parse_error(url: str) -> str | None:
     """The few ``url.Parse`` failures Python's ``urlsplit`` would silently repair or miss."""
+    shown = go_quote(redact_url(url))  # quoted in the errors: never with its password
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in url):
-        return f"parse {go_quote(url)}: net/url: invalid control character in URL"
+        return f"parse {shown}: net/url: invalid control character in URL"
     try:
         parts = urlsplit(url)
     except ValueError as exc:
-        return f"parse {go_quote(url)}: {exc}"
+        return f"parse {shown}: {exc}"
     hostport = parts.netloc.rpartition("@")[2]
     if " " in hostport:
-        return f'parse {go_quote(url)}: invalid character " " in host name'
+        return f'parse {shown}: invalid character " " in host name'
     port = hostport.rpartition("]")[2] if hostport.startswith("[") else hostport
     if ":" in port:
         digits = port.rpartition(":")[2]  # Go takes the port after the last colon
         if not _PORT.fullmatch(digits):
-            return f"parse {go_quote(url)}: invalid port {go_quote(':' + digits)} after host"
+            return f"parse {shown}: invalid port {go_quote(':' + digits)} after host"
     return None
 
 
@@ -207,7 +209,10 @@ def validate_url(url: str, path: str, *, strict_https: bool) -> list[FieldError]
     if not host:
         errors.append(invalid(path, host, "host must be specified" + _URL_FORM))
     if at:
-        errors.append(invalid(path, userinfo, "user information is not permitted in the URL"))
+        # Never echo a password (Go's URL.Redacted form): the error reaches logs on every reload.
+        user, colon, _password = userinfo.partition(":")
+        shown = user + (":xxxxx" if colon else "")
+        errors.append(invalid(path, shown, "user information is not permitted in the URL"))
     if parts.fragment:
         errors.append(invalid(path, parts.fragment, "fragments are not permitted in the URL"))
     if parts.query:

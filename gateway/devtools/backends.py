@@ -66,6 +66,8 @@ import h11
 import msgspec
 import trio
 
+from gateway.wire.tls import server_context
+
 V1: Final = "admission.k8s.io/v1"
 V1BETA1: Final = "admission.k8s.io/v1beta1"
 
@@ -771,9 +773,7 @@ async def serve_backend(
 
 
 def _server_context(certfile: str, keyfile: str) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.load_cert_chain(certfile, keyfile)
-    return ctx
+    return server_context(certfile, keyfile)  # serve_backend sets the ALPN protocols
 
 
 async def _main_async(args: argparse.Namespace, ready: Callable[[list[BackendServer]], None]) -> None:

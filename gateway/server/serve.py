@@ -31,6 +31,7 @@ from gateway.dispatch.ports import NamespaceNotFoundError
 from gateway.errors import ConfigError
 from gateway.server import hypercorn_fixes
 from gateway.server.app import GatewayApp, Readiness, ServerSettings
+from gateway.wire.tls import server_context
 
 if TYPE_CHECKING:
     from gateway.observability import Observability
@@ -47,15 +48,7 @@ class ReloadableTLS:
 
     def __init__(self, certfile: str, keyfile: str, client_ca: str | None) -> None:
         self.certfile, self.keyfile = certfile, keyfile
-        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        ctx.options |= ssl.OP_NO_COMPRESSION
-        ctx.set_alpn_protocols(["h2", "http/1.1"])
-        if client_ca:
-            ctx.load_verify_locations(client_ca)
-            ctx.verify_mode = ssl.CERT_REQUIRED  # TRN-14: the apiserver must present a client cert
-        ctx.load_cert_chain(certfile, keyfile)
-        self.context = ctx
+        self.context = server_context(certfile, keyfile, client_ca=client_ca)  # TRN-14 with client_ca
 
     def reload(self) -> None:
         """Load the files again; a broken pair keeps the old certificate (and raises)."""
@@ -148,6 +141,7 @@ async def serve(
         trio.open_nursery() as nursery,
     ):
         caller = BackendCaller(pool, credentials)
+        caller.prepare(first)  # backend targets (URL, TLS, credentials) are built with the snapshot
         source = await _namespace_source(nursery, options, store)
         namespaces = _NamespaceLabels(source)
         # MAT-33: ready once a configuration is loaded and, if any backend needs namespace labels,
@@ -178,6 +172,8 @@ async def serve(
         observer.watch_pool(pool)
 
         def on_reload(result: str, problems: Sequence[Any]) -> None:
+            if result == "success":
+                caller.prepare(store.snapshot)
             observer.config_reloaded(ok=result == "success", snapshot=store.snapshot, problems=list(problems))
 
         await nursery.start(

@@ -1,8 +1,9 @@
 """A minimal Kubernetes API client: how the gateway reads its own cluster (GW-01).
 
 Only what the namespace label source needs: GET (a list or one object) and a streaming watch, over
-HTTP/1.1 (h11) on trio, TLS verified against the cluster CA. Credentials come from the pod's service
-account (in-cluster) or from a kubeconfig file. There is no connection reuse: a list or GET happens
+HTTP/1.1 on trio (the shared exchange loop, ``gateway.wire.http11``), TLS verified against the
+cluster CA (``gateway.wire.tls``). Credentials come from the pod's service account (in-cluster) or
+from a kubeconfig file (``gateway.wire.kubeconfig``). There is no connection reuse: a list or GET happens
 at start-up, after a watch expires, or on a rare cache miss, and a watch holds its connection for
 minutes, so a pool would buy nothing.
 
@@ -16,25 +17,25 @@ import base64
 import ipaddress
 import os
 import ssl
-import tempfile
 import urllib.parse
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
-import h11
 import msgspec
 import trio
-import yaml
 
 from gateway import __version__
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, TransportError
+from gateway.wire.errors import dial_error, tls_error
+from gateway.wire.http11 import HTTP11Exchange
+from gateway.wire.kubeconfig import Kubeconfig, KubeconfigError, redact_url
+from gateway.wire.tls import TLSMaterialError, client_context
 
 SERVICE_ACCOUNT_DIR: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 USER_AGENT: Final = f"webhook-gateway/{__version__}"
-_READ_SIZE: Final = 65536
 
 
 class KubeConfigError(GatewayError):
@@ -136,36 +137,6 @@ class KubeConfig:
         return None
 
 
-def _client_ssl_context(
-    *,
-    ca_pem: str | None,
-    cert_pem: bytes | None = None,
-    key_pem: bytes | None = None,
-    insecure: bool = False,
-) -> ssl.SSLContext:
-    """A TLS client context; a configured CA replaces the system roots, as in client-go."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.set_alpn_protocols(["http/1.1"])
-    if insecure:
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-    elif ca_pem:
-        ctx.load_verify_locations(cadata=ca_pem)
-    else:
-        ctx.load_default_certs()
-    if cert_pem is not None and key_pem is not None:
-        # ssl can only load a certificate chain from files: write both to a private temporary
-        # directory, load, and remove them at once.
-        with tempfile.TemporaryDirectory(prefix="webhook-gateway-kube-") as tmp:
-            cert_path, key_path = Path(tmp, "tls.crt"), Path(tmp, "tls.key")
-            cert_path.write_bytes(cert_pem)
-            key_path.touch(mode=0o600)
-            key_path.write_bytes(key_pem)
-            ctx.load_cert_chain(cert_path, key_path)
-    return ctx
-
-
 def in_cluster_config(
     environ: Mapping[str, str] | None = None,
     service_account_dir: Path = SERVICE_ACCOUNT_DIR,
@@ -180,13 +151,15 @@ def in_cluster_config(
     token = service_account_dir / "token"
     ca = service_account_dir / "ca.crt"
     try:
-        ca_pem = ca.read_text(encoding="ascii")
+        ca_pem = ca.read_bytes()
         namespace_file = service_account_dir / "namespace"
         namespace = namespace_file.read_text().strip() if namespace_file.exists() else "default"
         if not token.exists():
             raise KubeConfigError(f"service account token file {token} does not exist")
-        ctx = _client_ssl_context(ca_pem=ca_pem)
-    except (OSError, ssl.SSLError, ValueError) as exc:
+        ctx = client_context(ca_pem=ca_pem)
+    except TLSMaterialError as exc:
+        raise KubeConfigError(f"in-cluster configuration: {ca}: {exc}") from None
+    except OSError as exc:
         raise KubeConfigError(f"in-cluster configuration: {exc}") from exc
     return KubeConfig(
         server=f"https://{_join_host_port(host, int(port))}",
@@ -199,77 +172,34 @@ def in_cluster_config(
 def load_kubeconfig(path: Path, *, context: str | None = None) -> KubeConfig:
     """The cluster and user of ``context`` (default: current-context) in a kubeconfig file.
 
-    Supported user entries: ``token``, ``tokenFile``, ``client-certificate(-data)`` with
-    ``client-key(-data)``, ``username``/``password``. ``exec`` and ``auth-provider`` are refused.
-    Relative file names are relative to the kubeconfig file, as in kubectl.
+    Parsed by the one kubeconfig parser (``gateway.wire.kubeconfig``, the same rules as backend
+    credentials): ``token``, ``tokenFile`` (re-read when rotated), ``client-certificate(-data)`` with
+    ``client-key(-data)``, ``username``/``password``; ``exec``, ``auth-provider`` and impersonation
+    are refused. Relative file names are relative to the kubeconfig file, as in kubectl.
     """
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise KubeConfigError(f"{path}: {exc}") from exc
-    if not isinstance(doc, dict):
-        raise KubeConfigError(f"{path}: not a kubeconfig file")
-    ctx_name = context or doc.get("current-context") or ""
-    ctx = _named(doc, "contexts", "context", ctx_name, path)
-    cluster = _named(doc, "clusters", "cluster", str(ctx.get("cluster", "")), path)
-    user_name = str(ctx.get("user", ""))
-    user = _named(doc, "users", "user", user_name, path) if user_name else {}
-    base = path.parent
-
-    def data_or_file(entry: Mapping[str, Any], key: str) -> bytes | None:
-        if entry.get(f"{key}-data"):
-            try:
-                return base64.b64decode(str(entry[f"{key}-data"]), validate=True)
-            except ValueError as exc:
-                raise KubeConfigError(f"{path}: {key}-data is not base64: {exc}") from exc
-        if entry.get(key):
-            try:
-                return (base / str(entry[key])).read_bytes()
-            except OSError as exc:
-                raise KubeConfigError(f"{path}: {key}: {exc}") from exc
-        return None
-
-    for unsupported in ("exec", "auth-provider"):
-        if user.get(unsupported):
-            raise KubeConfigError(f'{path}: user "{user_name}": {unsupported} is not supported')
-    server = str(cluster.get("server", ""))
-    scheme = urllib.parse.urlsplit(server).scheme
-    if scheme not in ("https", "http"):
-        raise KubeConfigError(f'{path}: cluster server "{server}" must be an https URL')
-    ssl_context = None
-    if scheme == "https":
-        ca = data_or_file(cluster, "certificate-authority")
-        cert = data_or_file(user, "client-certificate")
-        key = data_or_file(user, "client-key")
-        if (cert is None) != (key is None):
-            raise KubeConfigError(f'{path}: user "{user_name}": client certificate and key go together')
-        try:
-            ssl_context = _client_ssl_context(
-                ca_pem=ca.decode("ascii") if ca else None,
-                cert_pem=cert,
-                key_pem=key,
-                insecure=bool(cluster.get("insecure-skip-tls-verify")),
+        chosen = Kubeconfig.load(path).context(context)
+        cluster, user = chosen.cluster, chosen.user
+        ssl_context = None
+        if urllib.parse.urlsplit(cluster.server).scheme == "https":
+            ssl_context = client_context(
+                ca_pem=cluster.ca_pem,
+                client_cert=user.client_cert if user is not None else None,
+                insecure=cluster.insecure,
             )
-        except (ssl.SSLError, ValueError, OSError) as exc:
-            raise KubeConfigError(f"{path}: TLS settings: {exc}") from exc
-    token_file = TokenFile(base / str(user["tokenFile"])) if user.get("tokenFile") else None
-    basic = (str(user["username"]), str(user.get("password", ""))) if user.get("username") else None
+    except (KubeconfigError, TLSMaterialError) as exc:
+        raise KubeConfigError(f"{exc}" if isinstance(exc, KubeconfigError) else f"{path}: {exc}") from None
     return KubeConfig(
-        server=server.rstrip("/"),
+        server=cluster.server,
         ssl_context=ssl_context,
-        tls_server_name=str(cluster["tls-server-name"]) if cluster.get("tls-server-name") else None,
-        token=str(user["token"]) if user.get("token") else None,
-        token_file=token_file,
-        basic_auth=basic,
-        namespace=str(ctx.get("namespace") or "default"),
+        tls_server_name=cluster.tls_server_name,
+        token=user.token if user is not None and user.token_file is None else None,
+        token_file=TokenFile(user.token_file) if user is not None and user.token_file is not None else None,
+        basic_auth=(user.username or "", user.password or "")
+        if user is not None and (user.username is not None or user.password is not None)
+        else None,
+        namespace=chosen.namespace,
     )
-
-
-def _named(doc: Mapping[str, Any], section: str, key: str, name: str, path: Path) -> dict[str, Any]:
-    for entry in doc.get(section) or ():
-        if isinstance(entry, dict) and entry.get("name") == name and isinstance(entry.get(key), dict):
-            return entry[key]  # type: ignore[no-any-return]
-    raise KubeConfigError(f'{path}: no {key} named "{name}"')
 
 
 def _join_host_port(host: str, port: int) -> str:
@@ -284,46 +214,6 @@ def _join_host_port(host: str, port: int) -> str:
 # --- the client ----------------------------------------------------------------------------------
 
 
-class _Exchange:
-    """One HTTP/1.1 request/response over its own connection (h11 over a trio stream)."""
-
-    def __init__(self, stream: trio.abc.Stream) -> None:
-        self.stream = stream
-        self.conn = h11.Connection(h11.CLIENT)
-
-    async def send(self, request: h11.Request) -> None:
-        await self.stream.send_all(self.conn.send(request) or b"")
-        await self.stream.send_all(self.conn.send(h11.EndOfMessage()) or b"")
-
-    async def _next_event(self) -> h11.Event:
-        while True:
-            event = self.conn.next_event()
-            if event is h11.NEED_DATA:
-                self.conn.receive_data(bytes(await self.stream.receive_some(_READ_SIZE)))
-            elif event is h11.PAUSED:
-                raise h11.RemoteProtocolError("unexpected data after the response")
-            else:
-                assert isinstance(event, h11.Event)
-                return event
-
-    async def receive_response(self) -> h11.Response:
-        event = await self._next_event()
-        while isinstance(event, h11.InformationalResponse):
-            event = await self._next_event()
-        if not isinstance(event, h11.Response):
-            raise h11.RemoteProtocolError(f"unexpected {type(event).__name__} before the response")
-        return event
-
-    async def receive_data(self) -> bytes | None:
-        """The next piece of the body, ``None`` at its end; a truncated body is an error."""
-        event = await self._next_event()
-        if isinstance(event, h11.Data):
-            return bytes(event.data)
-        if isinstance(event, h11.EndOfMessage):
-            return None
-        raise h11.RemoteProtocolError("unexpected EOF")  # ConnectionClosed before EndOfMessage
-
-
 class WatchStream:
     """The lines of a watch response: one JSON-encoded ``WatchEvent`` per line.
 
@@ -332,7 +222,9 @@ class WatchStream:
     ``KubeTransportError``.
     """
 
-    def __init__(self, exchange: _Exchange, url: str, *, idle_timeout: float, max_line_bytes: int) -> None:
+    def __init__(
+        self, exchange: HTTP11Exchange, url: str, *, idle_timeout: float, max_line_bytes: int
+    ) -> None:
         self._exchange = exchange
         self._url = url
         self._idle_timeout = idle_timeout
@@ -375,15 +267,17 @@ class WatchStream:
 
 @contextmanager
 def _mapped_errors(method: str, url: str) -> Iterator[None]:
-    """Map foreign I/O exceptions to ``KubeTransportError`` once, at the boundary."""
+    """Map transport failures to ``KubeTransportError`` once, at the boundary.
+
+    The exchange (``gateway.wire.http11``) already maps socket, TLS and protocol errors to typed
+    ``TransportError``s; connecting and deadlines are mapped here.
+    """
     try:
         yield
     except trio.TooSlowError as exc:
         raise KubeTransportError(f'{method} "{url}": context deadline exceeded') from exc
-    except (OSError, trio.BrokenResourceError, h11.ProtocolError) as exc:
-        cause = exc.__cause__ if isinstance(exc, trio.BrokenResourceError) and exc.__cause__ else exc
-        text = str(cause) or type(cause).__name__
-        raise KubeTransportError(f'{method} "{url}": {text}') from exc
+    except TransportError as exc:
+        raise KubeTransportError(f'{method} "{url}": {exc.cause}') from exc
 
 
 class KubeClient:
@@ -413,7 +307,7 @@ class KubeClient:
             self._host_header = f"[{self._host}]" if ":" in self._host else self._host
 
     def __repr__(self) -> str:
-        return f"<KubeClient {self.config.server}>"
+        return f"<KubeClient {redact_url(self.config.server)}>"
 
     def url(self, path: str, query: Mapping[str, str] | None = None) -> str:
         """The full URL of ``path`` (``/api/v1/...``) with its query string."""
@@ -426,73 +320,68 @@ class KubeClient:
             target += "?" + urllib.parse.urlencode(query)
         return target
 
-    def _request(self, path: str, query: Mapping[str, str] | None) -> h11.Request:
+    def _headers(self) -> list[tuple[bytes, bytes]]:
         headers = [
-            ("Host", self._host_header),
-            ("Accept", "application/json"),
-            ("User-Agent", USER_AGENT),
+            (b"host", self._host_header.encode()),
+            (b"accept", b"application/json"),
+            (b"user-agent", USER_AGENT.encode()),
         ]
         authorization = self.config.authorization()
         if authorization:
-            headers.append(("Authorization", authorization))
-        return h11.Request(method="GET", target=self._target(path, query), headers=headers)
+            headers.append((b"authorization", authorization.encode()))
+        return headers
 
     async def _connect(self) -> trio.abc.Stream:
         with trio.fail_after(self.connect_timeout):
-            tcp = await trio.open_tcp_stream(self._host, self._port)
+            try:
+                tcp = await trio.open_tcp_stream(self._host, self._port)
+            except OSError as exc:
+                raise dial_error(exc, self._host, self._port) from exc
             if self.config.ssl_context is None:
                 return tcp
+            server_hostname = self.config.tls_server_name or self._host
             tls = trio.SSLStream(
-                tcp,
-                self.config.ssl_context,
-                server_hostname=self.config.tls_server_name or self._host,
-                https_compatible=True,
+                tcp, self.config.ssl_context, server_hostname=server_hostname, https_compatible=True
             )
             try:
                 await tls.do_handshake()
+            except trio.BrokenResourceError as exc:
+                await trio.aclose_forcefully(tls)
+                raise tls_error(exc, server_hostname) from exc
             except BaseException:
                 await trio.aclose_forcefully(tls)
                 raise
             return tls
 
-    async def _open(self, url: str, request: h11.Request) -> _Exchange:
-        """Connect, send ``request`` and read the response head; a non-2xx status raises."""
+    async def _open(self, url: str, path: str, query: Mapping[str, str] | None) -> HTTP11Exchange:
+        """Connect, send the GET and read the response head; a non-2xx status raises."""
         with _mapped_errors("Get", url):
             stream = await self._connect()
         try:
-            exchange = _Exchange(stream)
+            exchange = HTTP11Exchange(stream)
             with _mapped_errors("Get", url):
-                await exchange.send(request)
-                response = await exchange.receive_response()
-                ok = 200 <= response.status_code < 300
-                error_body = b"" if ok else await self._read_body(exchange, url)
+                await exchange.send(b"GET", self._target(path, query).encode(), self._headers())
+                status, _headers = await exchange.receive_head()
+                ok = 200 <= status < 300
+                error_body = b"" if ok else await exchange.receive_body(self.max_body_bytes)
         except BaseException:
             await trio.aclose_forcefully(stream)
             raise
         if not ok:
             await trio.aclose_forcefully(stream)
-            raise _api_error(url, response.status_code, error_body)
+            raise _api_error(url, status, error_body)
         return exchange
-
-    async def _read_body(self, exchange: _Exchange, url: str) -> bytes:
-        body = bytearray()
-        while (data := await exchange.receive_data()) is not None:
-            body += data
-            if len(body) > self.max_body_bytes:
-                raise KubeTransportError(f'Get "{url}": response body exceeds {self.max_body_bytes} bytes')
-        return bytes(body)
 
     async def get(self, path: str, query: Mapping[str, str] | None = None) -> bytes:
         """The body of a 2xx reply to ``GET path?query``; ``KubeAPIError`` for any other status."""
         url = self.url(path, query)
-        request = self._request(path, query)
         with trio.move_on_after(self.request_timeout):
-            exchange = await self._open(url, request)
+            exchange = await self._open(url, path, query)
             try:
                 with _mapped_errors("Get", url):
-                    return await self._read_body(exchange, url)
+                    return await exchange.receive_body(self.max_body_bytes)
             finally:
-                await trio.aclose_forcefully(exchange.stream)
+                await exchange.aclose()
         raise KubeTransportError(f'Get "{url}": context deadline exceeded')
 
     @asynccontextmanager
@@ -505,16 +394,15 @@ class KubeClient:
         A non-2xx status (e.g. 410 Gone) raises ``KubeAPIError`` before anything is yielded.
         """
         url = self.url(path, query)
-        request = self._request(path, query)
-        exchange: _Exchange | None = None
+        exchange: HTTP11Exchange | None = None
         with trio.move_on_after(self.request_timeout):
-            exchange = await self._open(url, request)
+            exchange = await self._open(url, path, query)
         if exchange is None:
             raise KubeTransportError(f'Get "{url}": context deadline exceeded')
         try:
             yield WatchStream(exchange, url, idle_timeout=idle_timeout, max_line_bytes=self.max_body_bytes)
         finally:
-            await trio.aclose_forcefully(exchange.stream)
+            await exchange.aclose()
 
 
 def _api_error(url: str, code: int, body: bytes) -> KubeAPIError:

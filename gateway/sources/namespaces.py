@@ -30,6 +30,7 @@ from gateway.config.model import Snapshot
 from gateway.errors import NamespaceLookupError
 from gateway.sources.configdir import ConfigStore
 from gateway.sources.kube import KubeAPIError, KubeClient, KubeError, decode_status
+from gateway.wire.kubeconfig import redact_url
 
 log = structlog.get_logger(__name__)
 
@@ -198,8 +199,9 @@ class ClusterNamespaces:
 
     def __repr__(self) -> str:
         known = sum(1 for v in self._cache.values() if v is not NOT_FOUND)
+        server = redact_url(self._client.config.server)
         return (
-            f"<ClusterNamespaces {self._client.config.server} ready={self.ready} namespaces={known}"
+            f"<ClusterNamespaces {server} ready={self.ready} namespaces={known}"
             f" resourceVersion={self.resource_version!r} lists={self.lists}>"
         )
 

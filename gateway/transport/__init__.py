@@ -6,7 +6,7 @@ pool key); ``ClientPool.post`` makes the call over pooled HTTP/1.1 or HTTP/2 con
 
 from gateway.transport.credentials import Credentials, CredentialStore, lookup_order
 from gateway.transport.pool import ClientPool
-from gateway.transport.resolve import Origin, Target, go_duration, normalize_path, resolve_target
+from gateway.transport.resolve import Origin, Target, Targets, go_duration, normalize_path, resolve_target
 from gateway.transport.tls import ClientCertificate
 from gateway.transport.wire import HTTPResponse
 
@@ -18,6 +18,7 @@ __all__ = [
     "HTTPResponse",
     "Origin",
     "Target",
+    "Targets",
     "go_duration",
     "lookup_order",
     "normalize_path",

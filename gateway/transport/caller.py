@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.config.model import Webhook
+from gateway.config.model import Snapshot, Webhook
 from gateway.errors import (
     CallingWebhookError,
     ClientConfigError,
@@ -21,7 +21,7 @@ from gateway.errors import (
 from gateway.tracing import child_traceparent
 from gateway.transport.credentials import CredentialStore
 from gateway.transport.pool import ClientPool
-from gateway.transport.resolve import Target, resolve_target
+from gateway.transport.resolve import Target, Targets
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,26 +31,33 @@ class Reply:
     body: bytes
 
 
-def _error_kind(cause: str) -> str:
-    """A small, bounded vocabulary for the call-error metric's ``reason`` label."""
-    lowered = cause.lower()
-    if "certificate" in lowered or "tls" in lowered or "ssl" in lowered:
-        return "tls"
-    if "refused" in lowered or "no such host" in lowered or "dial tcp" in lowered or "unreachable" in lowered:
-        return "connect"
-    return "transport"
-
-
 class BackendCaller:
-    """Calls backends through one shared ClientPool, with per-host credentials."""
+    """Calls backends through one shared ClientPool, with per-host credentials.
+
+    Owns its ``Targets``: ``prepare`` resolves a new configuration snapshot's backends once; setting
+    ``credentials`` (a reload) starts a new table, since every target may change with them.
+    """
 
     def __init__(self, pool: ClientPool, credentials: CredentialStore | None = None) -> None:
         self.pool = pool
-        self.credentials = credentials
+        self._targets = Targets(credentials)
+
+    @property
+    def credentials(self) -> CredentialStore | None:
+        return self._targets.credentials
+
+    @credentials.setter
+    def credentials(self, credentials: CredentialStore | None) -> None:
+        previous, self._targets = self._targets, Targets(credentials)
+        self._targets.retain(previous.client_configs())
+
+    def prepare(self, snapshot: Snapshot) -> None:
+        """Resolve the targets of ``snapshot``'s backends now, and forget those of older snapshots."""
+        self._targets.retain(hook.client_config for hook in (*snapshot.validating, *snapshot.mutating))
 
     def _target(self, hook: Webhook) -> Target:
         try:
-            return resolve_target(hook.client_config, self.credentials)
+            return self._targets.get(hook.client_config)
         except ClientConfigError as exc:
             raise CallingWebhookError(
                 f"could not get REST client: {exc}", status_code=500, kind="client_config"
@@ -74,7 +81,7 @@ class BackendCaller:
                 f"failed to call webhook: {exc.cause}", status_code=503, kind="too_large"
             ) from None
         except TransportError as exc:
-            raise self._failed(target, timeout_seconds, exc, _error_kind(exc.cause)) from None
+            raise self._failed(target, timeout_seconds, exc, exc.kind) from None
         content_type = response.header(b"content-type") or b""
         return Reply(response.status, content_type.decode("latin-1"), response.body)
 

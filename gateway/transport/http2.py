@@ -20,8 +20,9 @@ import h2.settings
 import hpack
 import trio
 
-from gateway.errors import ResponseTooLarge, TransportError
-from gateway.transport.wire import Header, HTTPResponse, RetryableError, socket_peer, stream_error
+from gateway.errors import ResponseTooLarge, TransportError, TransportErrorKind
+from gateway.transport.wire import Header, HTTPResponse, RetryableError
+from gateway.wire.errors import socket_peer, stream_error
 
 RECEIVE_BYTES = 65536
 STREAM_WINDOW = 4 * 1024 * 1024  # what each call may receive before we acknowledge it
@@ -108,6 +109,7 @@ class HTTP2Connection:
         self._scope = trio.CancelScope()
         self._closing = False
         self._failure: str | None = None
+        self._failure_kind: TransportErrorKind = "transport"
         self.label = label
         self.reserved = 0  # stream slots handed out by the pool and not yet released
         self.requests = 0
@@ -149,7 +151,7 @@ class HTTP2Connection:
         """Wait for the peer's first SETTINGS; ``TransportError`` if the connection fails first."""
         await self._ready.wait()
         if self._failure is not None:
-            raise TransportError(self._failure)
+            raise TransportError(self._failure, self._failure_kind)
 
     def close_gracefully(self) -> None:
         """Send GOAWAY, then close once it is written; calls in flight fail."""
@@ -184,7 +186,7 @@ class HTTP2Connection:
             try:
                 data = await self._stream.receive_some(RECEIVE_BYTES)
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                self._fail(stream_error(exc, "read", self._peer))
+                self._fail(*_cause_and_kind(stream_error(exc, "read", self._peer)))
                 return
             if not data:
                 self._fail("unexpected EOF")
@@ -211,7 +213,7 @@ class HTTP2Connection:
                 self._writer_wakeup = trio.Event()
                 await self._writer_wakeup.wait()
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            self._fail(stream_error(exc, "write", self._peer))
+            self._fail(*_cause_and_kind(stream_error(exc, "write", self._peer)))
         scope.cancel()
 
     def _flush(self) -> None:
@@ -220,13 +222,14 @@ class HTTP2Connection:
             self._outbox += data
             self._writer_wakeup.set()
 
-    def _fail(self, cause: str) -> None:
+    def _fail(self, cause: str, kind: TransportErrorKind = "transport") -> None:
         if self.closed:
             return
         self.closed = True
         self._failure = cause
+        self._failure_kind = kind
         for stream in self._streams.values():
-            stream.fail(TransportError(cause))
+            stream.fail(TransportError(cause, kind))
         self._ready.set()
         self._pulse_window()
         self._on_change()
@@ -371,3 +374,7 @@ def _error_name(code: int | h2.errors.ErrorCodes | None) -> str:
         return h2.errors.ErrorCodes(int(code or 0)).name
     except ValueError:
         return f"unknown error code 0x{int(code or 0):x}"
+
+
+def _cause_and_kind(error: TransportError) -> tuple[str, TransportErrorKind]:
+    return error.cause, error.kind

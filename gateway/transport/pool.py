@@ -19,7 +19,8 @@ from gateway.errors import TransportError, TransportTimeout
 from gateway.transport.http2 import HTTP2Connection
 from gateway.transport.http11 import HTTP11Connection
 from gateway.transport.resolve import Origin, Target
-from gateway.transport.wire import Header, HTTPResponse, RetryableError, dial_error, hostport, tls_error
+from gateway.transport.wire import Header, HTTPResponse, RetryableError
+from gateway.wire.errors import dial_error, hostport, tls_error
 
 DEFAULT_MAX_RESPONSE_BYTES = 16 * 1024 * 1024  # TRN-12
 DEFAULT_MAX_CONNECTIONS_PER_ORIGIN = 64
@@ -178,7 +179,7 @@ class ClientPool:
                 )
             except RetryableError as exc:
                 if attempt:
-                    raise TransportError(exc.cause) from exc
+                    raise TransportError(exc.cause, exc.kind) from exc
             finally:
                 await self._release(group, connection)
         raise AssertionError("unreachable")
@@ -244,7 +245,7 @@ class ClientPool:
         try:
             tcp = await trio.open_tcp_stream(host, port)
         except OSError as exc:
-            raise TransportError(dial_error(exc, host, port)) from exc
+            raise dial_error(exc, host, port) from exc
         if target.scheme == "http":
             return tcp, None
         assert target.ssl_context is not None
@@ -255,7 +256,7 @@ class ClientPool:
             await tls.do_handshake()
         except trio.BrokenResourceError as exc:
             await trio.aclose_forcefully(tcp)
-            raise TransportError(tls_error(exc, target.server_hostname)) from exc
+            raise tls_error(exc, target.server_hostname) from exc
         except BaseException:
             await trio.aclose_forcefully(tcp)
             raise

@@ -2,15 +2,18 @@
 
 First step of the transport: the dispatcher hands over a backend's ``clientConfig``; this module
 fixes the URL, the TLS server name, the TLS context, the credentials headers and the pool key
-(``Origin``). Targets are cached per (clientConfig, credential store), so a call costs a lookup.
+(``Origin``). ``resolve_target`` is pure: every call builds (and, for a bad caBundle or client
+certificate, fails) anew. ``Targets`` is the table a backend caller owns: one entry per client
+configuration of the current snapshot, built once; a failed entry keeps only its message and raises
+a new ``ClientConfigError`` on every call, so nothing grows call after call.
 """
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 import math
 import ssl
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import urlsplit
@@ -18,7 +21,7 @@ from urllib.parse import urlsplit
 from gateway.config.model import ClientConfig
 from gateway.errors import ClientConfigError
 from gateway.transport.credentials import CredentialStore, Header
-from gateway.transport.tls import client_ssl_context, tls_identity
+from gateway.transport.tls import ClientCertificate, client_ssl_context, tls_identity
 
 Scheme = Literal["http", "https"]
 
@@ -102,29 +105,126 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
-def resolve_target(client_config: ClientConfig, credentials: CredentialStore | None) -> Target:
+def resolve_target(
+    client_config: ClientConfig,
+    credentials: CredentialStore | None,
+    contexts: TLSContexts | None = None,
+) -> Target:
     """The call target of a backend; ``ClientConfigError`` if its caBundle or credentials are unusable.
 
-    Results (and failures) are cached per (client_config, credentials): resolving is a dict lookup
-    after the first call, and no ``SSLContext`` is ever built per call.
+    Builds everything anew (an ``SSLContext`` costs milliseconds): callers keep the result, see
+    ``Targets``. ``contexts`` shares one context between targets with equal TLS settings.
     """
-    result = _resolve_cached(client_config, credentials)
-    if isinstance(result, ClientConfigError):
-        raise result
-    return result
+    return _resolve(client_config, credentials, contexts if contexts is not None else TLSContexts())
 
 
-@functools.lru_cache(maxsize=4096)
-def _resolve_cached(
-    client_config: ClientConfig, credentials: CredentialStore | None
-) -> Target | ClientConfigError:
-    try:
-        return _resolve(client_config, credentials)
-    except ClientConfigError as exc:
-        return exc
+@dataclass(frozen=True, slots=True)
+class Unusable:
+    """Why a client configuration cannot be called: kept instead of an exception object.
+
+    A stored exception re-raised on every call would chain a new traceback onto itself each time.
+    """
+
+    message: str
+
+    def error(self) -> ClientConfigError:
+        return ClientConfigError(self.message)
 
 
-def _resolve(client_config: ClientConfig, credentials: CredentialStore | None) -> Target:
+TLSKey = tuple[bytes, ClientCertificate | None, bool]
+
+
+class TLSContexts:
+    """Client ``SSLContext``s by TLS settings (caBundle, client certificate, ALPN), built once each.
+
+    ``previous``: a table whose contexts are taken over when asked for again (a new snapshot keeps
+    the contexts it still uses, and only those).
+    """
+
+    def __init__(self, previous: TLSContexts | None = None) -> None:
+        self._built: dict[TLSKey, ssl.SSLContext | Unusable] = {}
+        self._previous = previous._built if previous is not None else {}
+
+    def get(
+        self, ca_bundle: bytes, client_cert: ClientCertificate | None, http2_allowed: bool
+    ) -> ssl.SSLContext:
+        key = (ca_bundle, client_cert, http2_allowed)
+        built = self._built.get(key)
+        if built is None:
+            built = self._previous.get(key)
+        if built is None:
+            try:
+                built = client_ssl_context(ca_bundle, client_cert, http2_allowed=http2_allowed)
+            except ClientConfigError as exc:
+                built = Unusable(str(exc))
+        self._built[key] = built
+        if isinstance(built, Unusable):
+            raise built.error()
+        return built
+
+    def forget_previous(self) -> None:
+        self._previous = {}
+
+
+class Targets:
+    """The resolved targets of one backend caller: one per client configuration, for one credential store.
+
+    ``retain`` (called with each new configuration snapshot) resolves that snapshot's client
+    configurations and forgets every other one (and every TLS context no longer used), so the table
+    lives as long as the snapshot.
+    A configuration not seen before (a review still holding the previous snapshot) is resolved on
+    first use; ``MAX_ENTRIES`` bounds the table even if ``retain`` is never called.
+    """
+
+    MAX_ENTRIES = 4096
+
+    def __init__(self, credentials: CredentialStore | None) -> None:
+        self.credentials = credentials
+        self._targets: dict[ClientConfig, Target | Unusable] = {}
+        self._contexts = TLSContexts()
+
+    def __repr__(self) -> str:
+        return f"<Targets {len(self._targets)} credentials={self.credentials!r}>"
+
+    def get(self, client_config: ClientConfig) -> Target:
+        """The target for ``client_config``; a new ``ClientConfigError`` on each call if unusable."""
+        found = self._targets.get(client_config)
+        if found is None:
+            found = self._resolve(client_config)
+        if isinstance(found, Unusable):
+            raise found.error()
+        return found
+
+    def client_configs(self) -> list[ClientConfig]:
+        return list(self._targets)
+
+    def retain(self, client_configs: Iterable[ClientConfig]) -> None:
+        """Resolve exactly these client configurations now; forget every other target and context.
+
+        Targets are cheap to rebuild; TLS contexts still in use are taken over, not rebuilt.
+        """
+        self._targets = {}
+        self._contexts = TLSContexts(previous=self._contexts)
+        for client_config in client_configs:
+            if client_config not in self._targets:
+                self._resolve(client_config)
+        self._contexts.forget_previous()
+
+    def _resolve(self, client_config: ClientConfig) -> Target | Unusable:
+        result: Target | Unusable
+        try:
+            result = _resolve(client_config, self.credentials, self._contexts)
+        except ClientConfigError as exc:
+            result = Unusable(str(exc))
+        if len(self._targets) >= self.MAX_ENTRIES:
+            self._targets.clear()
+        self._targets[client_config] = result
+        return result
+
+
+def _resolve(
+    client_config: ClientConfig, credentials: CredentialStore | None, contexts: TLSContexts
+) -> Target:
     scheme: Scheme
     if client_config.service is not None:
         service = client_config.service
@@ -157,7 +257,7 @@ def _resolve(client_config: ClientConfig, credentials: CredentialStore | None) -
     context = None
     tls = ""
     if scheme == "https":
-        context = client_ssl_context(client_config.ca_bundle, client_cert, http2_allowed=http2_allowed)
+        context = contexts.get(client_config.ca_bundle, client_cert, http2_allowed)
         tls = tls_identity(client_config.ca_bundle, client_cert, http2_allowed=http2_allowed)
     origin = Origin(scheme, host, port, tls, found.identity if found is not None else "")
     return Target(
