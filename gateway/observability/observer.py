@@ -15,9 +15,11 @@ from typing import Any, Protocol
 import structlog
 
 from gateway.config.model import Snapshot
+from gateway.conversion.convert import ConversionReport
 from gateway.observability.canonical import (
     InboundLike,
     VerdictLike,
+    conversion_fields,
     failed_open_fields,
     review_fields,
     trace_id_of,
@@ -116,6 +118,20 @@ class Observability:
             log.log(level, "review", **fields)
         except Exception:  # noqa: BLE001 - observing must never change or break the answer
             self._log.exception("recording a review failed", endpoint=endpoint, code=code)
+
+    def conversion_finished(self, report: ConversionReport) -> None:
+        """A conversion request ended: MET-10/11 metrics and one canonical ``conversion`` line."""
+        try:
+            if self.prometheus is not None:
+                self.prometheus.conversion_finished(report)
+            if not self.review_log:
+                return
+            level = logging.INFO if report.result == "success" else logging.WARNING
+            if report.code >= 500:
+                level = logging.ERROR
+            self._log.log(level, "conversion", **conversion_fields(report, trace_id_of(report.trace)))
+        except Exception:  # noqa: BLE001 - observing must never change or break the answer
+            self._log.exception("recording a conversion failed", crd=report.crd)
 
     def metrics(self) -> tuple[bytes, str] | None:
         """The /metrics body and content type, or None when metrics are off (then /metrics is 404)."""
