@@ -483,3 +483,34 @@ async def test_reload_is_atomic_for_crds(nursery, tmp_path):
     generation = setup.running.app.snapshot().generation  # type: ignore[union-attr]
     assert generation == 2
     assert 'webhook_gateway_config_reloads_total{result="failure"} 1.0' in setup.metrics()
+
+
+@pytest.mark.parametrize(
+    ("docs", "code", "expected"),
+    [
+        pytest.param(
+            [
+                crd(
+                    url="http://127.0.0.1:9/convert",
+                    annotations={"webhook-gateway.io/conversion-cache": "true"},
+                )
+            ],
+            0,
+            f"  conversion {CRD} -> http://127.0.0.1:9/convert (review versions v1, v1beta1; timeout 30s, cache on)",
+            id="check lists the conversion entries",
+        ),
+        pytest.param(
+            [crd(url="http://conv.example.com/convert")],
+            1,
+            f'crds.yaml: CustomResourceDefinition "{CRD}" spec.conversion.webhook.clientConfig.url: Invalid value',
+            id="check refuses a bad CRD with one line naming file, object and field",
+        ),
+    ],
+)
+def test_check_command(tmp_path, capsys, docs, code, expected):
+    from gateway.__main__ import main
+
+    write_crds(tmp_path, docs)
+    assert main(["check", "--config", str(tmp_path)]) == code
+    captured = capsys.readouterr()
+    assert expected in captured.out + captured.err

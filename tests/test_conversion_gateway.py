@@ -566,3 +566,41 @@ async def test_conversion_metrics(nursery, tmp_path, desired, objects, observed)
     per_crd = f'webhook_gateway_crd_conversion_webhook_duration_seconds_count{{crd_name="{CRD}",from_version="v1",succeeded="true",to_version="v2"}} 1.0'
     assert (per_crd in metrics) is observed
     assert 'le="16.384"' in metrics or not observed
+
+
+# --- the canonical log line ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "result", "failure_type", "level"),
+    [
+        pytest.param("", "success", "", "info", id="one info line per successful conversion"),
+        pytest.param(
+            "wrong-kind",
+            "failure",
+            "conversion_webhook_invalid_converted_object_failure",
+            "warning",
+            id="one warning line per failed conversion, with its failure type",
+        ),
+    ],
+)
+async def test_one_canonical_line_per_conversion(nursery, tmp_path, behaviour, result, failure_type, level):
+    from structlog.testing import capture_logs
+
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    with capture_logs() as logs:
+        path = "/convert" + (f"/{behaviour}" if behaviour else "")
+        setup = await start_conversion(nursery, tmp_path, [crd(url="__backend__" + path)])
+        setup.client.extra_headers = [("traceparent", f"00-{trace_id}-00f067aa0ba902b7-01")]
+        sent = conversion_review([crontab("a"), crontab("b")])
+        await setup.send(sent)
+    (line,) = [entry for entry in logs if entry["event"] == "conversion"]
+    assert line["log_level"] == level
+    assert line["crd"] == CRD
+    assert line["uid"] == sent["request"]["uid"]
+    assert (line["from_version"], line["to_version"], line["objects"]) == ("v1", "v2", 2)
+    assert line["backend"] == setup.backend.url(path)
+    assert (line["result"], line["failure_type"]) == (result, failure_type)
+    assert line["duration_ms"] >= line["backend_ms"] > 0
+    assert line["trace_id"] == trace_id
+    assert ("reason" in line) is (result == "failure")
