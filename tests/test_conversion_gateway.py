@@ -181,6 +181,25 @@ async def test_success_answers_in_the_callers_version_with_the_backends_objects(
     assert setup.backend.calls[1].review["request"]["uid"] != backend_review["request"]["uid"]
 
 
+@pytest.mark.parametrize("protocol", ["http1", "h2"], ids=["HTTP/1.1 over TLS", "h2 over TLS (ALPN)"])
+async def test_conversion_on_the_tls_listener(nursery, tmp_path, protocol):
+    """/convert is served on the same TLS listener as admission, HTTP/1.1 and HTTP/2."""
+    import ssl
+
+    ca = trustme.CA()
+    ca.issue_cert("localhost", "127.0.0.1").private_key_and_cert_chain_pem.write_to_path(tmp_path / "tls.pem")
+    client_ssl = ssl.create_default_context()
+    ca.configure_trust(client_ssl)
+    tls = ("--certfile", str(tmp_path / "tls.pem"), "--keyfile", str(tmp_path / "tls.pem"))
+    setup = await start_conversion(
+        nursery, tmp_path / "config", gateway_args=tls, protocol=protocol, client_ssl=client_ssl
+    )
+    assert setup.running.urls[0].startswith("https://")
+    sent = conversion_review([crontab()])
+    response = check_envelope(sent, (await setup.send(sent)).json)
+    assert response["convertedObjects"] == [convert_object(crontab(), V2)]
+
+
 @BOTH
 async def test_objects_reach_the_backend_byte_for_byte_and_already_converted_ones_too(
     nursery, tmp_path, caller
@@ -563,6 +582,7 @@ async def test_conversion_metrics(nursery, tmp_path, desired, objects, observed)
         in metrics
     )
     assert 'webhook_gateway_inbound_requests_total{code="200",endpoint="conversion"} 1.0' in metrics
+    assert 'webhook_gateway_backends{kind="conversion"} 1.0' in metrics  # the CRD's entry is loaded
     per_crd = f'webhook_gateway_crd_conversion_webhook_duration_seconds_count{{crd_name="{CRD}",from_version="v1",succeeded="true",to_version="v2"}} 1.0'
     assert (per_crd in metrics) is observed
     assert 'le="16.384"' in metrics or not observed

@@ -160,9 +160,16 @@ class Observability:
         }
         if self.prometheus is not None:
             self.prometheus.config_reloaded(ok, generation, backends)
+        # CRD conversion entries (CNV-01) are backends too; counted once a configuration has any.
+        conversions = len(snapshot.conversions) if snapshot is not None else 0
+        extra = {"conversion": conversions} if conversions else {}
+        if self.prometheus is not None and (
+            conversions or ("conversion",) in self.prometheus.backends.children
+        ):
+            self.prometheus.backends.labels("conversion").value = conversions
         log = self._log
         if ok:
-            log.info("configuration loaded", generation=generation, **backends)
+            log.info("configuration loaded", generation=generation, **backends, **extra)
             for problem in problems:
                 log.warning("configuration warning", generation=generation, problem=str(problem))
             return

@@ -136,6 +136,7 @@ async def start_conversion(
     extra_docs: list[dict[str, Any]] | None = None,
     gateway_args: tuple[str, ...] = (),
     protocol: str = "http1",
+    client_ssl: ssl.SSLContext | None = None,
 ) -> ConversionSetup:
     """A sample conversion backend and the gateway; ``crds`` default to one CRD at ``backend_path``.
 
@@ -159,5 +160,5 @@ async def start_conversion(
         lambda task_status: serve(options, observer=observer, handle_signals=False, task_status=task_status)
     )
     assert port_of(running.urls[0])
-    client = await gateway_client(running, protocol=protocol)
+    client = await gateway_client(running, protocol=protocol, ssl_context=client_ssl)
     return ConversionSetup(running, backend, client, observer)
