@@ -546,6 +546,28 @@ async def test_tls_with_ca_bundle(nursery, tmp_path, caller, trusted, ok):
         assert "certificate" in failure_message(response, setup.backend.url("/convert"))
 
 
+async def test_per_host_credentials_apply_and_rotate(nursery, tmp_path):
+    """CNV-15 / TRN-10/11: conversion calls carry the admission backends' per-host credentials."""
+    import yaml
+
+    kubeconfig = tmp_path / "backends.kubeconfig"
+
+    def write_token(token: str) -> None:
+        users = [{"name": "*", "user": {"token": token}}]
+        kubeconfig.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "users": users}))
+
+    write_token("first")
+    args = ("--backend-kubeconfig", str(kubeconfig), "--config-poll-seconds", "0.05")
+    setup = await start_conversion(nursery, tmp_path / "config", gateway_args=args)
+    await setup.send(conversion_review([crontab()]))
+    assert setup.backend.calls[-1].header("authorization") == "Bearer first"
+    write_token("second")
+    with trio.fail_after(5):
+        while setup.backend.calls[-1].header("authorization") != "Bearer second":
+            await trio.sleep(0.05)
+            await setup.send(conversion_review([crontab()]))
+
+
 async def test_trace_context_is_forwarded(nursery, tmp_path):
     """The backend call carries a child of the caller's traceparent."""
     setup = await start_conversion(nursery, tmp_path)
