@@ -7,6 +7,7 @@ inbound versions.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from pathlib import Path
@@ -514,6 +515,28 @@ async def test_a_slow_backend_times_out(nursery, tmp_path, caller, annotations, 
     assert reason.endswith("context deadline exceeded")
     metrics = setup.metrics()
     assert f'webhook_gateway_crd_conversion_webhook_timeouts_total{{crd_name="{CRD}"}} 1.0' in metrics
+
+
+async def test_a_caller_that_goes_away_cancels_the_backend_call(nursery, tmp_path):
+    """Like reviews: a disconnect cancels the conversion; it is counted as 499, not as a failure."""
+    setup = await start_conversion(nursery, tmp_path, [crd(url="__backend__/convert/sleep/20000")])
+
+    async def send_and_vanish() -> None:
+        with contextlib.suppress(Exception):
+            await setup.send(conversion_review([crontab()]))
+
+    nursery.start_soon(send_and_vanish)
+    with trio.fail_after(10):
+        while not setup.backend.calls:
+            await trio.sleep(0.02)
+        await setup.client.stream.aclose()
+        while (
+            'webhook_gateway_inbound_requests_total{code="499",endpoint="conversion"} 1.0'
+            not in setup.metrics()
+        ):
+            await trio.sleep(0.05)
+    assert "crd_conversion_webhook_failures_total{" not in setup.metrics()
+    assert setup.running.app.in_flight == 0
 
 
 # --- CNV-15: transport shared with admission backends ---------------------------------------------------

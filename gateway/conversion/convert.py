@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
+import structlog
 import trio
 
 from gateway.config.model import ClientConfig, ConversionEntry, Snapshot
@@ -39,6 +40,8 @@ from gateway.errors import BadReview, ClientConfigError, ResponseTooLarge, Trans
 from gateway.review import encode_status, new_request_uid
 from gateway.tracing import child_traceparent
 from gateway.transport.resolve import resolve_target
+
+log = structlog.get_logger("gateway.conversion")
 
 NO_SUPPORTED_VERSIONS: Final = "no supported conversion review versions"
 _GUARD_SECONDS: Final = 0.05  # slack over the transport's own deadline, as for admission calls
@@ -117,7 +120,8 @@ class ConversionReport:
     objects: int = 0
     backend: str = ""
     review_version: str = ""
-    result: str = "success"  # "success" | "failure" | "error" (no ConversionReview answer: 400, 404)
+    # "success" | "failure" | "error" (answered without a ConversionReview: 400, 404) | "cancelled"
+    result: str = "success"
     failure_type: str = ""
     reason: str = ""
     timed_out: bool = False
@@ -190,14 +194,23 @@ class ConversionService:
                 first = object_head(request.objects[0])
                 report.from_version = _version_label(first.api_version if first else None, entry)
             limit = started + entry.timeout_seconds
+            report.code, report.result = 499, "cancelled"  # until an answer exists: the caller went away
             try:
                 converted = await self._convert(
                     entry, request, min(limit, deadline) if deadline is not None else limit, report
                 )
+                report.code, report.result = 200, "success"
             except ConversionFailedError as exc:
+                report.code = 200
                 report.result, report.failure_type = "failure", exc.failure_type
                 report.reason, report.timed_out = exc.reason, exc.timed_out
                 message = f'conversion webhook "{crd_name}" ({report.backend}) failed: {exc.reason}'
+                return 200, encode_reply(request.version, uid=request.uid, failure=message)
+            except Exception as exc:  # a gateway bug is a Failure answer, never a crash
+                log.exception("conversion failed inside the gateway", crd=crd_name, uid=request.uid)
+                report.code, report.result, report.failure_type = 200, "failure", CALL_FAILURE
+                report.reason = f"internal error: {exc or type(exc).__name__}"
+                message = f'conversion webhook "{crd_name}" ({report.backend}) failed: {report.reason}'
                 return 200, encode_reply(request.version, uid=request.uid, failure=message)
             return 200, encode_reply(request.version, uid=request.uid, objects=converted)
         finally:

@@ -265,10 +265,24 @@ class GatewayApp:
             budget = self._budget(scope) if _has_timeout(scope) else None
             deadline = None if budget is None else arrived + budget - self.settings.deadline_margin_seconds
             crd_name = unquote(path[len(self.settings.convert_prefix) :])
-            code, answer = await self.conversions.handle(
-                snapshot, crd_name, body, deadline=deadline, trace=traceparent
-            )
-            await _respond(send, code, answer, _JSON)
+            handled: list[tuple[int, bytes]] = []
+            queue = getattr(receive, "__self__", None)
+            with trio.CancelScope() as cancel:  # a caller that goes away cancels the backend call
+                if isinstance(queue, RequestQueue):
+                    if queue.disconnected:
+                        return
+                    queue.on_disconnect = cancel.cancel
+                try:
+                    handled.append(
+                        await self.conversions.handle(
+                            snapshot, crd_name, body, deadline=deadline, trace=traceparent
+                        )
+                    )
+                finally:
+                    if isinstance(queue, RequestQueue):
+                        queue.on_disconnect = None
+            if handled:
+                await _respond(send, handled[0][0], handled[0][1], _JSON)
         finally:
             self.in_flight -= 1
             if not self.in_flight:
