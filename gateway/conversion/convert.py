@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Final, Protocol
 
 import structlog
 import trio
@@ -39,6 +39,7 @@ from gateway.dispatch.status import http_error_cause
 from gateway.errors import BadReview, ClientConfigError, ResponseTooLarge, TransportError, TransportTimeout
 from gateway.review import encode_status, new_request_uid
 from gateway.tracing import child_traceparent
+from gateway.transport.caller import BackendCaller
 from gateway.transport.resolve import resolve_target
 
 log = structlog.get_logger("gateway.conversion")
@@ -72,8 +73,8 @@ class SharedTransport:
     """The admission backends' transport, reused: same pool, TLS, credentials (read at call time,
     so credential rotation applies to conversions too), same http-only-to-loopback rule (CFG-15)."""
 
-    def __init__(self, backend_caller: Any) -> None:
-        self._caller = backend_caller  # gateway.transport.caller.BackendCaller: .pool, .credentials
+    def __init__(self, backend_caller: BackendCaller) -> None:
+        self._caller = backend_caller  # its pool and its (reloadable) credentials
 
     def url(self, client_config: ClientConfig) -> str:
         try:
