@@ -382,6 +382,27 @@ def test_problems_name_file_kind_and_object():
     )
 
 
+@pytest.mark.parametrize(
+    ("doc", "warned"),
+    [
+        pytest.param(
+            crd(
+                service={"namespace": "webhook-gateway", "name": "webhook-gateway", "path": f"/convert/{CRD}"}
+            ),
+            True,
+            id="a CRD pointing at the gateway's own route for it is a warning (it would call itself)",
+        ),
+        pytest.param(crd(url=f"https://gw.example.com/convert/{CRD}/"), True, id="the same through a url"),
+        pytest.param(
+            crd(url="https://conv.example.com/convert"), False, id="the original conversion webhook is fine"
+        ),
+    ],
+)
+def test_a_crd_pointing_at_the_gateway_itself_is_warned_about(doc, warned):
+    warnings = [str(w) for w in load(doc).warnings]
+    assert any("the gateway's own conversion route" in w for w in warnings) is warned, warnings
+
+
 def test_whitespace_ca_bundle_counts_as_empty():
     """CNV-15: a whitespace-only caBundle means the system roots, not a broken bundle."""
     doc = with_conversion(

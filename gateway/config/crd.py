@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from typing import Final
+from urllib.parse import urlsplit
 
 from gateway.config import model, schema, types
 from gateway.config.build import decode_ca_bundle
@@ -186,6 +187,12 @@ def _annotations(meta: types.ObjectMeta) -> tuple[float, bool, str, list[FieldEr
     return timeout, cache, notes.get(CACHE_GENERATION_ANNOTATION, ""), errors
 
 
+def _points_at_gateway(cc: types.WebhookClientConfig, crd_name: str) -> bool:
+    """Whether a client config looks like the re-pointed (cluster) copy of the CRD, not the original."""
+    path = (cc.service.path or "") if cc.service is not None else urlsplit(cc.url or "").path
+    return path.rstrip("/") == f"/convert/{crd_name}"
+
+
 def _client_config(cc: types.WebhookClientConfig, pem: bytes) -> model.ClientConfig:
     """The validated client config as the shared model (service port defaults to 443)."""
     service = None
@@ -246,6 +253,19 @@ def load_crd(body: dict[object, object], *, strict_https: bool, source: str) -> 
                 forbidden(hook.versions_path, "should not be set when strategy is not set to Webhook")
             )
 
+    if (
+        strategy == "Webhook"
+        and hook.client_config is not None
+        and _points_at_gateway(hook.client_config, loaded.name)
+    ):
+        loaded.warnings.append(
+            FieldError(
+                hook.client_config_path,
+                f"the path is the gateway's own conversion route for this CRD (/convert/{loaded.name}): "
+                "the gateway's copy of a CRD must name the original conversion webhook, or every "
+                "conversion calls the gateway again until it times out",
+            )
+        )
     loaded.errors.extend(e for e in errors if not schema.suppressed(e.path, decoded.bad_paths))
     if loaded.errors or strategy != "Webhook" or hook.client_config is None:
         return loaded
