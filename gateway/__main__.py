@@ -49,6 +49,14 @@ def check(options: Namespace) -> int:
         f"{where}: OK: {len(snapshot.validating)} validating and {len(snapshot.mutating)} mutating webhooks, "
         f"{len(snapshot.namespaces)} namespaces, {len(snapshot.warnings)} warning(s)"
     )
+    for crd_name, entry in sorted(snapshot.conversions.items()):  # CRD conversion webhooks
+        cc = entry.client_config
+        target = cc.url or (f"service {cc.service.namespace}/{cc.service.name}" if cc.service else "")
+        cache = ", cache on" if entry.cache else ""
+        print(
+            f"  conversion {crd_name} -> {target} (review versions "
+            f"{', '.join(entry.conversion_review_versions)}; timeout {entry.timeout_seconds:g}s{cache})"
+        )
     return 1 if snapshot.warnings and options.warnings_as_errors else 0
 
 

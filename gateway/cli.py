@@ -184,6 +184,21 @@ def _serve_parser(prog: str) -> _EnvDefaults:
     _add_option(o, "--log-bodies", action="store_true", help="debug: include review bodies in logs")
     _add_option(o, "--no-metrics", action="store_true", help="disable Prometheus metrics")
     _add_option(o, "--no-review-log", action="store_true", help="disable the per-review canonical log line")
+
+    c = p.add_argument_group("CRD conversion cache (CRDs annotated webhook-gateway.io/conversion-cache)")
+    _add_option(
+        c, "--conversion-cache-ttl", type=float, default=300.0, help="seconds a converted object is kept"
+    )
+    _add_option(
+        c, "--conversion-cache-max-entries", type=int, default=10_000, help="most converted objects kept"
+    )
+    _add_option(
+        c,
+        "--conversion-cache-max-bytes",
+        type=int,
+        default=64 * 1024 * 1024,
+        help="most bytes of converted objects kept",
+    )
     return p
 
 

@@ -31,7 +31,10 @@ def parser() -> argparse.ArgumentParser:
         description="Load-test webhook-gateway against a fleet of sample backends, with a direct-to-backend "
         "baseline in the same run. Every answer is verified; wrong answers count as errors.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="scenarios:\n" + "\n".join(f"  {k:<12} {v}" for k, v in SCENARIOS.items()),
+        epilog="scenarios:\n"
+        + "\n".join(f"  {k:<12} {v}" for k, v in SCENARIOS.items())
+        + "\n  convert      CRD conversion, 1/10/500 objects per review, with and without the cache "
+        "(python -m loadtests convert --help)",
     )
     p.add_argument("scenario", choices=sorted(SCENARIOS))
     g = p.add_argument_group("load shape")
@@ -136,6 +139,11 @@ def options(args: argparse.Namespace) -> Options:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one scenario, print the table, write JSON/PNG; exit 1 when any answer was wrong."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["convert"]:  # CRD conversion: a scenario with its own driver
+        from loadtests.convert import main as convert_main
+
+        return convert_main(argv[1:])
     args = parser().parse_args(argv)
     try:
         opts = options(args)

@@ -29,6 +29,7 @@ def test_demo_shows_each_decision() -> None:
         'DENIED 500 InternalError\n   Internal error occurred: failed calling webhook "quota.example.com"'
         in out
     )
+    assert 'CONVERTED\n   {"schedule": {"cron": "0 1 * * *"}} as stable.example.com/v2' in out
 
 
 def test_bundled_configuration_is_valid() -> None:

@@ -14,11 +14,13 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Final, Literal
 
+import msgspec
 import yaml
 
-from gateway.config import build, defaults, model, schema, types
+from gateway.config import build, crd, defaults, model, schema, types
 from gateway.config.fielderrors import FieldError, child, go_quote, index
 from gateway.config.validation import validate_configuration, validate_namespace
 from gateway.errors import ConfigError, ConfigProblem
@@ -40,6 +42,8 @@ _TYPED_LISTS: Final = {
     (defaults.V1BETA1, "ValidatingWebhookConfigurationList"),
     (defaults.V1BETA1, "MutatingWebhookConfigurationList"),
     ("v1", "NamespaceList"),
+    (crd.V1, "CustomResourceDefinitionList"),
+    (crd.V1BETA1, "CustomResourceDefinitionList"),
 }
 _LIST_FIELDS: Final = frozenset({"apiVersion", "kind", "metadata", "items"})
 _SUPPORTED: Final = (
@@ -69,6 +73,7 @@ class _Loader:
     accepted: list[build.Accepted] = field(default_factory=list)
     namespaces: dict[str, dict[str, str]] = field(default_factory=dict)
     first_seen: dict[tuple[str, str], str] = field(default_factory=dict)
+    conversions: dict[str, model.ConversionEntry] = field(default_factory=dict)
 
     # --- reporting ---
 
@@ -151,6 +156,8 @@ class _Loader:
             self.configuration(doc, body, kind)
         elif (api_version, kind) == ("v1", "Namespace"):
             self.namespace(doc, body)
+        elif api_version in (crd.V1, crd.V1BETA1) and kind == crd.KIND:
+            self.custom_resource_definition(doc, body)
         else:
             self.problem(
                 doc, f"unsupported apiVersion {go_quote(api_version)} and kind {go_quote(kind)}: {_SUPPORTED}"
@@ -216,16 +223,29 @@ class _Loader:
         if self.register(doc, "Namespace", name) and not failed:
             self.namespaces[name] = dict(meta.labels or {})
 
+    def custom_resource_definition(self, doc: _Document, body: dict[object, object]) -> None:
+        """CNV-02/03: a CRD whose conversion strategy is Webhook adds one conversion entry."""
+        loaded = crd.load_crd(body, strict_https=self.strict_https, source=doc.source)
+        for path in loaded.unknown_fields:
+            self.problem(doc, "unknown field", kind=crd.KIND, name=loaded.name, path=path, severity="warning")
+        failed = self.field_problems(doc, crd.KIND, loaded.name, loaded.errors)
+        self.field_problems(doc, crd.KIND, loaded.name, loaded.warnings, severity="warning")
+        if self.register(doc, crd.KIND, loaded.name) and not failed and loaded.entry is not None:
+            self.conversions[loaded.name] = loaded.entry
+
     def snapshot(self, *, origin: str, generation: int) -> model.Snapshot:
         if any(p.severity == "error" for p in self.problems):
             raise ConfigError(self.problems)
-        return build.build_snapshot(
+        snapshot = build.build_snapshot(
             self.accepted,
             self.namespaces,
             warnings=self.problems,
             origin=origin,
             generation=generation,
         )
+        if not self.conversions:
+            return snapshot
+        return msgspec.structs.replace(snapshot, conversions=MappingProxyType(dict(self.conversions)))
 
 
 # --- sources -------------------------------------------------------------------------------------

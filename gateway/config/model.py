@@ -80,6 +80,26 @@ class Webhook(msgspec.Struct, frozen=True, kw_only=True):
     source: str = ""  # the file (or cluster object) it was loaded from, for messages
 
 
+class ConversionEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """One CRD's conversion backend (CNV-01/02): where to call it and how the gateway treats it.
+
+    ``versions`` are the CRD's version names (bounded metric labels); ``cache_identity`` changes
+    whenever the client config, the review versions or the cache-generation annotation change, so
+    cached conversions of an older entry are never served.
+    """
+
+    crd_name: str
+    group: str = ""
+    kind: str = ""
+    versions: tuple[str, ...] = ()
+    client_config: ClientConfig
+    conversion_review_versions: tuple[str, ...]
+    timeout_seconds: float = 30.0
+    cache: bool = False
+    cache_identity: str = ""
+    source: str = ""
+
+
 class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     """One immutable, ordered configuration (ORD-01): what a review sees from start to end (ORD-04).
 
@@ -96,6 +116,7 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     namespaces: Mapping[str, Mapping[str, str]] = msgspec.field(default_factory=dict)
     generation: int = 0
     warnings: tuple[ConfigProblem, ...] = ()
+    conversions: Mapping[str, ConversionEntry] = msgspec.field(default_factory=dict)  # by CRD name
 
     def webhooks(self, kind: WebhookKind) -> tuple[Webhook, ...]:
         return self.validating if kind == "validating" else self.mutating

@@ -36,6 +36,8 @@ Modifier steps may repeat and compose; one terminal step ends the path (``allow`
     redirect[/<path…>]                  307 to ``/<path…>`` (default ``/allow``)
     huge[/<bytes>]                      200 JSON body of that size (default 17 MiB: over the gateway's limit)
 
+``/convert[/...]`` is the sample CRD conversion webhook (``gateway.devtools.conversion``).
+
 Examples: ``/deny/403/image%20registry%20not%20allowed``, ``/sleep/200/deny``,
 ``/warn/tag%20latest/annotate/team/pay/patch/checked``. Replies echo ``request.uid`` and the request's
 ``apiVersion``. ``GET /healthz`` answers ``ok``. Unknown steps get 404, non-POST 405, undecodable
@@ -480,6 +482,10 @@ class BackendServer:
             return Reply(200, b"ok\n", b"text/plain")
         if method != "POST":
             return Reply(405, b"only POST\n", b"text/plain", ((b"allow", b"POST"),))
+        if target.startswith("/convert"):  # the sample CRD conversion webhook
+            from gateway.devtools.conversion import respond as convert
+
+            return await convert(target, body)
         plan = self.plan_for(target)
         if isinstance(plan, PlanError):
             return _text(404, str(plan))

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import msgspec
 
 from gateway.admission import AdmissionAttributes, Status
+from gateway.conversion.convert import ConversionReport
 from gateway.dispatch.report import DispatchReport, InvocationRecord
 from gateway.tracing import current_trace, parse_traceparent
 
@@ -207,4 +208,30 @@ def failed_open_fields(endpoint: str, uid: str, record: InvocationRecord, trace_
         fields["error_kind"] = record.error_kind
     if trace_id:
         fields["trace_id"] = trace_id
+    return fields
+
+
+def conversion_fields(report: ConversionReport, trace_id: str) -> dict[str, Any]:
+    """The canonical line of one conversion request: CRD, versions, objects, backend, result, time."""
+    fields: dict[str, Any] = {
+        "endpoint": "conversion",
+        "code": report.code,
+        "crd": report.crd,
+        "uid": report.uid,
+        "review_version": report.inbound_version,
+        "from_version": report.from_version,
+        "to_version": report.to_version,
+        "objects": report.objects,
+        "backend": report.backend,
+        "result": report.result,
+        "failure_type": report.failure_type,
+        "duration_ms": _ms(report.seconds),
+        "backend_ms": _ms(report.backend_seconds),
+        "called": report.called,
+        "trace_id": trace_id,
+    }
+    if report.reason:
+        fields["reason"] = report.reason
+    if report.cache_hits or report.cache_misses:
+        fields["cache_hits"], fields["cache_misses"] = report.cache_hits, report.cache_misses
     return fields

@@ -38,6 +38,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from gateway.admission import OPERATIONS
+from gateway.conversion.convert import ConversionReport
 from gateway.dispatch.report import DispatchReport, InvocationRecord
 
 PREFIX: Final = "webhook_gateway_"
@@ -46,6 +47,12 @@ PREFIX: Final = "webhook_gateway_"
 WEBHOOK_DURATION_BUCKETS: Final = (0.005, 0.025, 0.1, 0.5, 1.0, 2.5, 10.0, 25.0)
 STEP_DURATION_BUCKETS: Final = (0.005, 0.025, 0.1, 0.5, 1.0, 2.5)
 MATCH_CONDITION_BUCKETS: Final = (0.001, 0.005, 0.01, 0.025, 0.1, 0.2, 0.25)
+
+# MET-10: upstream's conversion buckets (k8s.io/apiextensions-apiserver pkg/apiserver/conversion/metrics.go).
+CONVERSION_DURATION_BUCKETS: Final = (
+    0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 45.0, 60.0,
+)  # fmt: skip
+CRD_CONVERSION_BUCKETS: Final = tuple(0.001 * 2**k for k in range(15))
 
 # [GW] Backends on the same node answer in well under 5 ms, where upstream's first bucket ends.
 FINE_DURATION_BUCKETS: Final = (
@@ -361,6 +368,7 @@ class Metrics:
             self.reinvocations, self.call_duration, self.call_errors, self.review_duration,
             self.review_overhead, self.reviews_in_flight, self.config_generation, self.config_last_reload_ok,
         )  # fmt: skip
+        self._init_conversion()
         self.registry = CollectorRegistry()
         self.registry.register(_Collector(self))
 
@@ -478,6 +486,90 @@ class Metrics:
                 self.condition_errors.labels(name, "webhook", evaluation_type, op).value += errors
             # [GW] every evaluation is observed, not only those that did not plainly match.
             self.condition_seconds.labels(name, "webhook", evaluation_type, op).observe(condition.seconds)
+
+    # --- CRD conversion (MET-10/11) -----------------------------------------------------------------
+
+    def _init_conversion(self) -> None:
+        self.conversion_requests = _counter(
+            "conversion_webhook_request_total",
+            "CRD conversion requests answered, per result (success, failure) and failure type.",
+            ("result", "failure_type"),
+        )  # fmt: skip
+        self.conversion_duration = _histogram(
+            "conversion_webhook_duration_seconds",
+            "CRD conversion latency in seconds, per result and failure type.",
+            ("result", "failure_type"), CONVERSION_DURATION_BUCKETS,
+        )  # fmt: skip
+        self.crd_conversion_duration = _histogram(
+            "crd_conversion_webhook_duration_seconds",
+            "CRD conversion latency in seconds, per CRD, from and to version and whether it succeeded "
+            "(only conversions between different versions).",
+            ("crd_name", "from_version", "to_version", "succeeded"), CRD_CONVERSION_BUCKETS,
+        )  # fmt: skip
+        self.crd_conversion_failures = _counter(
+            "crd_conversion_webhook_failures_total",
+            "Failed CRD conversions, per CRD and failure type.",
+            ("crd_name", "failure_type"),
+        )  # fmt: skip
+        self.crd_conversion_timeouts = _counter(
+            "crd_conversion_webhook_timeouts_total",
+            "CRD conversions that failed because the conversion webhook did not answer in time, per CRD.",
+            ("crd_name",),
+        )  # fmt: skip
+        self.conversion_cache_hits = _counter(
+            "conversion_cache_hits_total",
+            "Objects answered from the conversion cache, per CRD.",
+            ("crd_name",),
+        )
+        self.conversion_cache_misses = _counter(
+            "conversion_cache_misses_total",
+            "Objects of cache-enabled CRDs sent to the conversion webhook, per CRD.",
+            ("crd_name",),
+        )  # fmt: skip
+        self.conversion_cache_evictions = _counter(
+            "conversion_cache_evictions_total",
+            "Converted objects dropped from the conversion cache (expired, over the bounds, or "
+            "invalidated by a change of the CRD's conversion), per CRD.",
+            ("crd_name",),
+        )  # fmt: skip
+        self.conversion_cache_bytes = _gauge("conversion_cache_bytes", "Bytes held by the conversion cache.")
+        self.conversion_cache_entries = _gauge(
+            "conversion_cache_entries", "Converted objects held by the conversion cache."
+        )
+        self.families += (
+            self.conversion_requests, self.conversion_duration, self.crd_conversion_duration,
+            self.crd_conversion_failures, self.crd_conversion_timeouts, self.conversion_cache_hits,
+            self.conversion_cache_misses, self.conversion_cache_evictions, self.conversion_cache_bytes,
+            self.conversion_cache_entries,
+        )  # fmt: skip
+        self.conversion_requests.labels("success", "")
+        self.conversion_cache_bytes.labels()
+        self.conversion_cache_entries.labels()
+
+    def conversion_finished(self, report: ConversionReport) -> None:
+        """Record one conversion request (MET-10/11 and the cache)."""
+        self.inbound_requests.labels("conversion", str(report.code)).value += 1
+        crd = report.crd
+        if report.cache_hits:
+            self.conversion_cache_hits.labels(crd).value += report.cache_hits
+        if report.cache_misses:
+            self.conversion_cache_misses.labels(crd).value += report.cache_misses
+        if report.cache_evictions:
+            self.conversion_cache_evictions.labels(crd).value += report.cache_evictions
+        self.conversion_cache_bytes.labels().value = report.cache_bytes
+        self.conversion_cache_entries.labels().value = report.cache_entries
+        if report.result not in ("success", "failure"):
+            return  # 400/404: no conversion took place
+        self.conversion_requests.labels(report.result, report.failure_type).value += 1
+        self.conversion_duration.labels(report.result, report.failure_type).observe(report.seconds)
+        if report.from_version and report.from_version != report.to_version:
+            self.crd_conversion_duration.labels(
+                crd, report.from_version, report.to_version, _bool(report.result == "success")
+            ).observe(report.seconds)
+        if report.result == "failure":
+            self.crd_conversion_failures.labels(crd, report.failure_type).value += 1
+            if report.timed_out:
+                self.crd_conversion_timeouts.labels(crd).value += 1
 
     # --- configuration and pool ------------------------------------------------------------------
 

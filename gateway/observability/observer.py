@@ -15,9 +15,11 @@ from typing import Any, Protocol
 import structlog
 
 from gateway.config.model import Snapshot
+from gateway.conversion.convert import ConversionReport
 from gateway.observability.canonical import (
     InboundLike,
     VerdictLike,
+    conversion_fields,
     failed_open_fields,
     review_fields,
     trace_id_of,
@@ -117,6 +119,20 @@ class Observability:
         except Exception:  # noqa: BLE001 - observing must never change or break the answer
             self._log.exception("recording a review failed", endpoint=endpoint, code=code)
 
+    def conversion_finished(self, report: ConversionReport) -> None:
+        """A conversion request ended: MET-10/11 metrics and one canonical ``conversion`` line."""
+        try:
+            if self.prometheus is not None:
+                self.prometheus.conversion_finished(report)
+            if not self.review_log:
+                return
+            level = logging.INFO if report.result == "success" else logging.WARNING
+            if report.code >= 500:
+                level = logging.ERROR
+            self._log.log(level, "conversion", **conversion_fields(report, trace_id_of(report.trace)))
+        except Exception:  # noqa: BLE001 - observing must never change or break the answer
+            self._log.exception("recording a conversion failed", crd=report.crd)
+
     def metrics(self) -> tuple[bytes, str] | None:
         """The /metrics body and content type, or None when metrics are off (then /metrics is 404)."""
         if self.prometheus is None:
@@ -144,9 +160,16 @@ class Observability:
         }
         if self.prometheus is not None:
             self.prometheus.config_reloaded(ok, generation, backends)
+        # CRD conversion entries (CNV-01) are backends too; counted once a configuration has any.
+        conversions = len(snapshot.conversions) if snapshot is not None else 0
+        extra = {"conversion": conversions} if conversions else {}
+        if self.prometheus is not None and (
+            conversions or ("conversion",) in self.prometheus.backends.children
+        ):
+            self.prometheus.backends.labels("conversion").value = conversions
         log = self._log
         if ok:
-            log.info("configuration loaded", generation=generation, **backends)
+            log.info("configuration loaded", generation=generation, **backends, **extra)
             for problem in problems:
                 log.warning("configuration warning", generation=generation, problem=str(problem))
             return

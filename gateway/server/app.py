@@ -1,4 +1,4 @@
-"""The ASGI application: /validate, /mutate, /healthz, /readyz, /metrics.
+"""The ASGI application: /validate, /mutate, /convert/<crd name>, /healthz, /readyz, /metrics.
 
 Reads the body (bounded, TRN-13), decodes the inbound review (REV-01), takes the configuration
 snapshot the review will use from start to end (ORD-04), runs dispatch under the caller's deadline
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
-from typing import Any, Protocol
-from urllib.parse import parse_qsl
+from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import parse_qsl, unquote
 
 import structlog
 import trio
@@ -26,6 +26,9 @@ from gateway.review import InboundReview, decode_inbound, encode_reply, encode_s
 from gateway.server.hypercorn_fixes import RequestQueue
 from gateway.server.timeouts import parse_go_duration
 from gateway.tracing import start_review_trace
+
+if TYPE_CHECKING:
+    from gateway.conversion.convert import ConversionService
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -46,6 +49,7 @@ class ServerSettings:
     default_timeout_seconds: float = 10.0  # FPT-07 when ?timeout= is missing or unparseable
     deadline_margin_seconds: float = 0.2  # FPT-07: answer this long before the caller gives up
     readiness_wait_seconds: float = 10.0  # MAT-33
+    convert_prefix: str = "/convert/"  # CNV-01: POST /convert/<crd name>
 
 
 class ReviewObserver(Protocol):
@@ -110,8 +114,10 @@ class GatewayApp:
         readiness: Readiness,
         observer: ReviewObserver | None = None,
         settings: ServerSettings | None = None,
+        conversions: ConversionService | None = None,
     ) -> None:
         self.snapshot = snapshot
+        self.conversions = conversions
         self.dispatcher = dispatcher
         self.readiness = readiness
         self.observer: ReviewObserver = observer or NullObserver()
@@ -135,6 +141,9 @@ class GatewayApp:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
         method: str = scope["method"]
+        if self.conversions is not None and path.startswith(self.settings.convert_prefix):
+            await self._conversion(path, method, scope, receive, send)
+            return
         endpoint = self._endpoints.get(path)
         if endpoint is not None:
             if method != "POST":
@@ -224,6 +233,60 @@ class GatewayApp:
                 error=error,
                 trace=traceparent,
             )
+
+    async def _conversion(self, path: str, method: str, scope: Scope, receive: Receive, send: Send) -> None:
+        """CNV-01..15: relay one ConversionReview to the CRD's conversion backend."""
+        assert self.conversions is not None
+        if method != "POST":
+            message = f"{method} is not allowed on {path}: use POST"
+            await _respond(send, 405, encode_status(405, "MethodNotAllowed", message), _JSON)
+            return
+        arrived = trio.current_time()
+        traceparent = _header(scope, b"traceparent")
+        start_review_trace(traceparent)  # the backend call carries a child of the caller's trace
+        if not self.in_flight:
+            self._idle = trio.Event()
+        self.in_flight += 1
+        try:
+            try:
+                body = await self._read_body(scope, receive)
+            except _DisconnectedError:
+                return
+            if body is None:
+                error = f"request body exceeds {self.settings.max_request_bytes} bytes"
+                await _respond(send, 413, encode_status(413, "RequestEntityTooLarge", error), _JSON)
+                return
+            snapshot = self.snapshot()
+            if snapshot is None:
+                error = "the gateway has not loaded its configuration yet"
+                await _respond(send, 503, encode_status(503, "ServiceUnavailable", error), _JSON)
+                return
+            # CNV-14: the CRD's own timeout, capped by the caller's ?timeout= minus the margin.
+            budget = self._budget(scope) if _has_timeout(scope) else None
+            deadline = None if budget is None else arrived + budget - self.settings.deadline_margin_seconds
+            crd_name = unquote(path[len(self.settings.convert_prefix) :])
+            handled: list[tuple[int, bytes]] = []
+            queue = getattr(receive, "__self__", None)
+            with trio.CancelScope() as cancel:  # a caller that goes away cancels the backend call
+                if isinstance(queue, RequestQueue):
+                    if queue.disconnected:
+                        return
+                    queue.on_disconnect = cancel.cancel
+                try:
+                    handled.append(
+                        await self.conversions.handle(
+                            snapshot, crd_name, body, deadline=deadline, trace=traceparent
+                        )
+                    )
+                finally:
+                    if isinstance(queue, RequestQueue):
+                        queue.on_disconnect = None
+            if handled:
+                await _respond(send, handled[0][0], handled[0][1], _JSON)
+        finally:
+            self.in_flight -= 1
+            if not self.in_flight:
+                self._idle.set()
 
     def _budget(self, scope: Scope) -> float:
         """FPT-07: the caller's ``?timeout=`` (Go duration), else the configured default."""
@@ -322,6 +385,16 @@ class GatewayApp:
 
 class _DisconnectedError(Exception):
     """The caller went away while sending its body."""
+
+
+def _has_timeout(scope: Scope) -> bool:
+    """Whether the caller sent a usable ``?timeout=`` (CNV-14 falls back to the CRD's own timeout)."""
+    qs: bytes = scope.get("query_string", b"")
+    for key, value in parse_qsl(qs.decode("latin-1")):
+        if key == "timeout":
+            seconds = parse_go_duration(value)
+            return seconds is not None and seconds > 0
+    return False
 
 
 def _header(scope: Scope, name: bytes) -> str:

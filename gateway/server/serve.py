@@ -168,6 +168,7 @@ async def serve(
                 default_timeout_seconds=options.default_timeout,
                 deadline_margin_seconds=options.deadline_margin,
             ),
+            conversions=_conversion_service(caller, options, observer),
         )
         observer.watch_pool(pool)
 
@@ -345,3 +346,21 @@ class _MetricsOnly:
             await send({"type": "http.response.body", "body": body})
             return
         await self.app(scope, receive, send)
+
+
+def _conversion_service(caller: Any, options: Namespace, observer: Observability) -> Any:
+    """CRD conversion (CNV-01..15) over the admission backends' transport, with the opt-in cache."""
+    from gateway.conversion.cache import CacheSettings, ConversionCache
+    from gateway.conversion.convert import ConversionService, SharedTransport
+
+    defaults = CacheSettings()
+    settings = CacheSettings(
+        ttl_seconds=getattr(options, "conversion_cache_ttl", None) or defaults.ttl_seconds,
+        max_entries=getattr(options, "conversion_cache_max_entries", None) or defaults.max_entries,
+        max_bytes=getattr(options, "conversion_cache_max_bytes", None) or defaults.max_bytes,
+    )
+    return ConversionService(
+        SharedTransport(caller),
+        cache=ConversionCache(settings, trio.current_time),
+        on_finished=observer.conversion_finished,
+    )
