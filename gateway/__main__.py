@@ -25,6 +25,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def check(options: Namespace) -> int:
     """Validate a configuration directory: print every problem, exit 1 on errors."""
+    from gateway.config.backend_policy import DEFAULT_POLICY
     from gateway.config.load import load_directory
     from gateway.errors import ConfigError
 
@@ -45,6 +46,10 @@ def check(options: Namespace) -> int:
         f"{where}: OK: {len(snapshot.validating)} validating and {len(snapshot.mutating)} mutating webhooks, "
         f"{len(snapshot.namespaces)} namespaces, {len(snapshot.warnings)} warning(s)"
     )
+    for hook in (*snapshot.validating, *snapshot.mutating):  # webhook-gateway.io/backend-policy in force
+        if hook.backend_policy != DEFAULT_POLICY:
+            policy = hook.backend_policy.describe()
+            print(f"  {hook.kind} webhook {hook.name!r} ({hook.configuration}): {policy}")
     return 1 if snapshot.warnings and options.warnings_as_errors else 0
 
 
