@@ -149,6 +149,7 @@ async def serve(
     ):
         caller = BackendCaller(pool, credentials)
         source = await _namespace_source(nursery, options, store)
+        endpoint_slices = _endpoint_slices(nursery, options, caller, store.snapshot)
         namespaces = _NamespaceLabels(source)
         # MAT-33: ready once a configuration is loaded and, if any backend needs namespace labels,
         # the namespace source has synced.
@@ -179,6 +180,8 @@ async def serve(
 
         def on_reload(result: str, problems: Sequence[Any]) -> None:
             observer.config_reloaded(ok=result == "success", snapshot=store.snapshot, problems=list(problems))
+            if endpoint_slices is not None:
+                endpoint_slices.watch_snapshot(store.snapshot)
 
         await nursery.start(
             partial(
@@ -311,6 +314,22 @@ async def _namespace_source(nursery: trio.Nursery, options: Namespace, store: An
     config = load_kubeconfig(Path(options.kubeconfig)) if options.kubeconfig else in_cluster_config()
     source = ClusterNamespaces(KubeClient(config))
     nursery.start_soon(source.run)  # readiness waits for its first list (MAT-33)
+    return source
+
+
+def _endpoint_slices(nursery: trio.Nursery, options: Namespace, caller: Any, snapshot: Snapshot) -> Any:
+    """With cluster access, service backends are balanced over their EndpointSlices (else DNS)."""
+    if options.namespace_source != "cluster":
+        return None
+    from gateway.sources.endpointslices import ClusterEndpointSlices
+    from gateway.sources.kube import KubeClient, in_cluster_config, load_kubeconfig
+    from gateway.transport.endpoints import EndpointRouter
+
+    config = load_kubeconfig(Path(options.kubeconfig)) if options.kubeconfig else in_cluster_config()
+    caller.endpoints = router = EndpointRouter(trio.current_time)
+    source = ClusterEndpointSlices(KubeClient(config), router.update)
+    source.watch_snapshot(snapshot)
+    nursery.start_soon(source.run)
     return source
 
 

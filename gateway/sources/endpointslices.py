@@ -164,6 +164,10 @@ class ClusterEndpointSlices:
             self._wanted = wanted
             self._wanted_changed.set()
 
+    def watch_snapshot(self, snapshot: Snapshot) -> None:
+        """Watch the services the backends of ``snapshot`` reference."""
+        self.watch_services(referenced_services(snapshot))
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start and stop one reflector per referenced service until cancelled."""
         async with trio.open_nursery() as nursery:
