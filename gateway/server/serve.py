@@ -111,9 +111,11 @@ async def serve(
     task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the gateway until SIGTERM/SIGINT (or ``Running.shutdown()``), then drain and return."""
+    from gateway.resilience import BackendGuards
     from gateway.sources.configdir import ConfigStore, fingerprint, watch_config_dir, watch_files
     from gateway.transport.caller import BackendCaller
     from gateway.transport.credentials import CredentialStore
+    from gateway.transport.guarded import GuardedCaller
     from gateway.transport.pool import ClientPool
 
     hypercorn_fixes.install()
@@ -154,8 +156,11 @@ async def serve(
         # MAT-33: ready once a configuration is loaded and, if any backend needs namespace labels,
         # the namespace source has synced.
         readiness.add_check(lambda: source.ready or not _needs_namespaces(store.snapshot))
+        # Per-backend circuit breakers and bulkheads (webhook-gateway.io/backend-policy), kept across reloads.
+        guards = BackendGuards(trio.current_time, on_transition=observer.circuit_changed)
+        guards.reconcile((*first.validating, *first.mutating))
         dispatcher = Dispatcher(
-            caller,
+            GuardedCaller(caller, guards, on_refused=observer.call_refused),
             namespaces,
             DispatchSettings(
                 patch_mode=options.patch_mode,
@@ -182,6 +187,7 @@ async def serve(
             observer.config_reloaded(ok=result == "success", snapshot=store.snapshot, problems=list(problems))
             if endpoint_slices is not None:
                 endpoint_slices.watch_snapshot(store.snapshot)
+            guards.reconcile((*store.snapshot.validating, *store.snapshot.mutating))
 
         await nursery.start(
             partial(
