@@ -118,3 +118,34 @@ async def test_bulkhead_refuses_calls_over_max_in_flight(nursery: trio.Nursery, 
     assert sorted(a["allowed"] for a in answers) == [False, True], (
         "one denied by the backend, one failed open"
     )
+
+
+async def test_live_reload_keeps_the_open_circuit_of_an_unchanged_backend(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """A reload that adds a webhook (and changes the breaker's settings) keeps the open circuit of
+    the stalled backend: it is still not called after the reload."""
+    server = await nursery.start(lambda task_status: serve_backend(task_status=task_status))
+    stalled = hook(
+        "stalled.example.com", f"http://127.0.0.1:{server.port}/sleep/10000/allow",
+        timeoutSeconds=1, failurePolicy="Ignore",
+    )  # fmt: skip
+    write(tmp_path / "c", [stalled], '"*": {circuitBreaker: {consecutiveFailures: 1, openSeconds: 600}}')
+    running = await start_gateway(nursery, tmp_path / "c", "--config-poll-seconds", "0.05")
+    client = await gateway_client(running)
+    for _ in range(2):
+        got = await client.post("/validate", json.dumps(review(pod())).encode())
+        assert got is not None and got.status == 200
+    assert len(server.calls) == 1
+    other = hook("other.example.com", f"http://127.0.0.1:{server.port}/allow")
+    write(
+        tmp_path / "c", [stalled, other], '"*": {circuitBreaker: {consecutiveFailures: 3, openSeconds: 600}}'
+    )
+    with trio.fail_after(10):
+        while running.app.snapshot().generation < 2:  # type: ignore[union-attr]
+            await trio.sleep(0.02)
+    got = await client.post("/validate", json.dumps(review(pod())).encode())
+    assert got is not None and got.json["response"]["allowed"] is True
+    stalled_calls = [c for c in server.calls if c.path.startswith("/sleep/")]
+    assert len(stalled_calls) == 1, "the stalled backend was not called again"
+    assert len(server.calls) == 2, "the new backend was called"
