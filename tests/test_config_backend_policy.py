@@ -173,3 +173,17 @@ def test_check_shows_the_policy_and_names_the_annotation_in_errors(tmp_path: Pat
         f'a.yaml: MutatingWebhookConfiguration "team-a" {ROOT}[*].mode: Unsupported value: "Loud"'
         in run.stderr
     )
+
+
+def test_the_backend_down_load_test_configures_a_breaker_and_its_control_none(tmp_path: Path) -> None:
+    """`python -m loadtests backend-down` measures the breaker against `backend-down-off`, without it."""
+    from gateway.config.load import load_directory
+    from loadtests.scenarios import build, write_configs
+
+    for name, expected in (("backend-down", CircuitBreakerPolicy(consecutive_failures=5, open_seconds=10)),
+                           ("backend-down-off", None)):  # fmt: skip
+        scenario = build(name)
+        urls = {b.name: f"http://127.0.0.1:{1000 + k}/allow" for k, b in enumerate(scenario.backends)}
+        write_configs(scenario, urls, None, tmp_path / name)
+        snapshot = load_directory(tmp_path / name)
+        assert {h.backend_policy.circuit_breaker for h in snapshot.validating} == {expected}
