@@ -149,3 +149,94 @@ async def test_live_reload_keeps_the_open_circuit_of_an_unchanged_backend(
     stalled_calls = [c for c in server.calls if c.path.startswith("/sleep/")]
     assert len(stalled_calls) == 1, "the stalled backend was not called again"
     assert len(server.calls) == 2, "the new backend was called"
+
+
+async def _gateway_with_metrics(nursery: trio.Nursery, config_dir: Path, *args: str) -> Running:
+    options = parse(
+        ["--config", str(config_dir), "--bind", "127.0.0.1:0", "--drain-seconds", "0", *args]
+    ).options
+    observer = Observability(metrics=True)
+    running: Running = await nursery.start(
+        lambda task_status: serve(options, observer=observer, handle_signals=False, task_status=task_status)
+    )
+    return running
+
+
+SHEDDING = [
+    pytest.param(
+        "Fail",
+        False,
+        'Internal error occurred: failed calling webhook "slow.example.com": the gateway is overloaded '
+        "(in_flight); the call was not made",
+        id="shed under failurePolicy Fail: HTTP 200, denied as for a call error, the backend not called",
+    ),
+    pytest.param(
+        "Ignore",
+        True,
+        None,
+        id="shed under failurePolicy Ignore: HTTP 200, allowed as for an ignored call error",
+    ),
+]
+
+
+@pytest.mark.parametrize(("failure_policy", "allowed", "message"), SHEDDING)
+async def test_reviews_over_the_in_flight_bound_are_shed_with_the_backends_policies(
+    nursery: trio.Nursery, tmp_path: Path, failure_policy: str, allowed: bool, message: str | None
+) -> None:
+    """--shed-max-in-flight 1: a review arriving while one is being decided is answered at once,
+    as if its backend had a call error under its own failurePolicy; never a 5xx."""
+    server = await nursery.start(lambda task_status: serve_backend(task_status=task_status))
+    slow = hook(
+        "slow.example.com", f"http://127.0.0.1:{server.port}/sleep/300/allow", failurePolicy=failure_policy
+    )
+    write(tmp_path / "c", [slow], "")
+    running = await _gateway_with_metrics(nursery, tmp_path / "c", "--shed-max-in-flight", "1")
+    answers: list[dict[str, Any]] = []
+
+    async def send() -> None:
+        client = await gateway_client(running)
+        got = await client.post("/validate", json.dumps(review(pod())).encode())
+        assert got is not None and got.status == 200
+        answers.append(got.json["response"])
+
+    async with trio.open_nursery() as reviews:
+        reviews.start_soon(send)
+        with trio.fail_after(5):
+            while not server.calls:
+                await trio.sleep(0.001)
+        reviews.start_soon(send)
+    assert len(server.calls) == 1
+    shed = answers[0]  # answered first: it did not wait for the backend
+    assert shed["allowed"] is allowed
+    if message is not None:
+        assert shed["status"]["message"] == message
+    assert answers[1]["allowed"] is True
+    client = await gateway_client(running)
+    scraped = await client.post("/metrics", b"", method="GET")
+    assert scraped is not None
+    assert 'webhook_gateway_reviews_shed_total{reason="in_flight"} 1.0' in scraped.body.decode()
+
+
+async def test_reviews_are_shed_while_the_event_loop_lags(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """--shed-max-event-loop-lag: right after the loop was blocked (here by the test itself, in the
+    gateway's own process), a review is shed; once the lag has passed, reviews call the backend."""
+    import time
+
+    server = await nursery.start(lambda task_status: serve_backend(task_status=task_status))
+    backend_hook = hook("b.example.com", f"http://127.0.0.1:{server.port}/allow", failurePolicy="Ignore")
+    write(tmp_path / "c", [backend_hook], "")
+    running = await _gateway_with_metrics(nursery, tmp_path / "c", "--shed-max-event-loop-lag", "0.1")
+    client = await gateway_client(running)
+    time.sleep(0.5)  # block the event loop: the lag probe wakes at least 0.4 s late
+    got = await client.post("/validate", json.dumps(review(pod())).encode())
+    assert got is not None and got.status == 200
+    assert got.json["response"]["allowed"] is True
+    assert "failed-open.validating.round_0_index_0" in got.json["response"]["auditAnnotations"]
+    assert server.calls == []
+    with trio.fail_after(10):
+        while not server.calls:  # a lag sample counts for 1 s, then reviews run normally again
+            got = await client.post("/validate", json.dumps(review(pod())).encode())
+            await trio.sleep(0.1)
+    scraped = await client.post("/metrics", b"", method="GET")
+    assert scraped is not None
+    assert 'webhook_gateway_reviews_shed_total{reason="event_loop_lag"}' in scraped.body.decode()

@@ -179,6 +179,11 @@ class Observability:
         if self.prometheus is not None:
             self.prometheus.circuit_changed(webhook, int(state), state.label)
 
+    def review_shed(self, reason: str) -> None:
+        """A review was answered at once because the gateway was overloaded (in_flight, event_loop_lag)."""
+        if self.prometheus is not None:
+            self.prometheus.review_shed(reason)
+
     def call_refused(self, webhook: str, reason: str) -> None:
         """A backend call was not made (circuit_open, max_in_flight); the review log shows the call error."""
         if self.prometheus is not None:

@@ -168,7 +168,11 @@ async def serve(
                 exclude_virtual_resources=not options.include_virtual_resources,
             ),
         )
+        overload = _overload_gate(options, observer)
+        if overload is not None and overload.policy.max_event_loop_lag is not None:
+            await nursery.start(overload.run_lag_probe)
         app = GatewayApp(
+            overload=overload,
             snapshot=lambda: store.snapshot,
             dispatcher=dispatcher,
             readiness=readiness,
@@ -321,6 +325,18 @@ async def _namespace_source(nursery: trio.Nursery, options: Namespace, store: An
     source = ClusterNamespaces(KubeClient(config))
     nursery.start_soon(source.run)  # readiness waits for its first list (MAT-33)
     return source
+
+
+def _overload_gate(options: Namespace, observer: Any) -> Any:
+    """Overload shedding when --shed-max-in-flight or --shed-max-event-loop-lag is given."""
+    from gateway.resilience import ShedPolicy
+    from gateway.server.overload import OverloadGate
+
+    policy = ShedPolicy(
+        max_in_flight=getattr(options, "shed_max_in_flight", None),
+        max_event_loop_lag=getattr(options, "shed_max_event_loop_lag", None),
+    )
+    return OverloadGate(policy, on_shed=observer.review_shed) if policy.enabled else None
 
 
 def _endpoint_slices(nursery: trio.Nursery, options: Namespace, caller: Any, snapshot: Snapshot) -> Any:

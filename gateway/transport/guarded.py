@@ -15,7 +15,9 @@ alive and fast, which is what the breaker protects the review's deadline from).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Protocol
 
 from gateway.config.model import Webhook
@@ -39,6 +41,21 @@ class _Caller(Protocol):
 
 RefusalListener = Callable[[str, str], None]  # (webhook name, reason)
 
+# The overload reason of the review being handled, if it is shed. A context variable because the
+# review's backend calls run in tasks dispatch starts, which inherit the handler's context (as the
+# trace context does, gateway/tracing.py); every call of a shed review is refused at once.
+_shed_reason: ContextVar[str | None] = ContextVar("webhook_gateway_shed_reason", default=None)
+
+
+@contextmanager
+def refusing_calls(reason: str) -> Iterator[None]:
+    """Inside, every backend call of this review (and of tasks it starts) is a call error at once."""
+    token = _shed_reason.set(reason)
+    try:
+        yield
+    finally:
+        _shed_reason.reset(token)
+
 
 class GuardedCaller:
     """``inner`` with each backend's circuit breaker and bulkhead in front of it."""
@@ -58,6 +75,10 @@ class GuardedCaller:
         return self.inner.url(hook, timeout_seconds=timeout_seconds)
 
     async def call(self, hook: Webhook, body: bytes, *, timeout_seconds: float) -> _Reply:
+        if (shed := _shed_reason.get()) is not None:
+            raise CallingWebhookError(
+                f"the gateway is overloaded ({shed}); the call was not made", status_code=503, kind="shed"
+            )
         guard = self.guards.for_webhook(hook)
         passed = guard.before_call()
         if isinstance(passed, Refusal):
