@@ -62,13 +62,7 @@ async def test_open_circuit_answers_without_calling_the_stalled_backend(
         failurePolicy=failure_policy,
     )
     write(tmp_path / "c", [stalled], '"*": {circuitBreaker: {consecutiveFailures: 2, openSeconds: 600}}')
-    options = parse(
-        ["--config", str(tmp_path / "c"), "--bind", "127.0.0.1:0", "--drain-seconds", "0"]
-    ).options
-    observer = Observability(metrics=True)
-    running: Running = await nursery.start(
-        lambda task_status: serve(options, observer=observer, handle_signals=False, task_status=task_status)
-    )
+    running = await _gateway_with_metrics(nursery, tmp_path / "c")
     client = await gateway_client(running)
     answers = []
     for _ in range(5):
