@@ -43,7 +43,7 @@ class Transition:
     at: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)  # not frozen: made once per call, and frozen init costs ~1 µs
 class CallPermit:
     """Permission for one call; hand it back with ``record_*``. ``probe`` marks the half-open probe."""
 

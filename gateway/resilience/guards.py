@@ -48,7 +48,7 @@ class Refusal:
     message: str
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(slots=True, eq=False)  # not frozen: made once per call, and frozen init costs ~1 µs
 class Pass:
     """A call may be made; give it back to ``BackendGuard.succeeded/failed/abandoned`` once."""
 
