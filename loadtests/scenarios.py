@@ -87,6 +87,7 @@ SCENARIOS: dict[str, str] = {
     "dead-fail": "one live validating backend + one dead backend under Fail (every review denied)",
     "none": "one validating backend that matches nothing (the server's own floor)",
     "backend-down": "1 live validating backend + 1 stalled one (timeout 2s, Ignore) behind a circuit breaker",
+    "overload": "1 validating backend (20 ms, Ignore) to drive past capacity (add --gateway-arg=--shed-...)",
     "backend-down-off": "backend-down without the circuit breaker: every review waits for the stalled one",
 }
 
@@ -121,6 +122,9 @@ def build(
     elif name == "none":
         hooks = [replace(b, name=f"nomatch.{DOMAIN}") for b in _validating(1)]
         return Scenario(name, desc, tuple(hooks))
+    elif name == "overload":
+        busy = BackendSpec(f"busy.{DOMAIN}", "validating", "allow", failure_policy="Ignore", delay_ms=20)
+        return Scenario(name, desc, (busy,))
     elif name in ("backend-down", "backend-down-off"):
         stalled = BackendSpec(
             f"stalled.{DOMAIN}",
