@@ -327,7 +327,8 @@ class Metrics:
             "backend_call_errors_total",
             "Backend webhook call errors (ignored or not), per webhook name, type and reason: connect, "
             "tls, transport, timeout, status (non-2xx), too_large, decode, invalid_response "
-            "(verification), version, bad_response (patch), client_config, internal.",
+            "(verification), version, bad_response (patch), client_config, internal; calls not made: "
+            "circuit_open, max_in_flight (backend-policy), shed (gateway overloaded).",
             ("name", "type", "reason"),
         )  # fmt: skip
         self.review_duration = _histogram(
