@@ -3,6 +3,7 @@ field paths naming the annotation and the key, attached to each webhook, and sho
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,8 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.config.backend_policy import ANNOTATION, DEFAULT_POLICY, BackendPolicy, CircuitBreakerPolicy
 from tests.configs.builders import config, errors_of, hook, load, warnings_of
@@ -187,3 +190,50 @@ def test_the_backend_down_load_test_configures_a_breaker_and_its_control_none(tm
         write_configs(scenario, urls, None, tmp_path / name)
         snapshot = load_directory(tmp_path / name)
         assert {h.backend_policy.circuit_breaker for h in snapshot.validating} == {expected}
+
+
+_ENTRY = st.fixed_dictionaries(
+    {},
+    optional={
+        "maxInFlight": st.one_of(st.none(), st.integers(1, 1000)),
+        "mode": st.sampled_from(["Enforce", "Warn", "Shadow"]),
+        "circuitBreaker": st.one_of(
+            st.none(),
+            st.fixed_dictionaries(
+                {}, optional={"consecutiveFailures": st.integers(1, 50), "openSeconds": st.integers(1, 600)}
+            ),
+        ),
+    },
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(default=_ENTRY, named=_ENTRY)
+def test_a_named_entry_overrides_star_field_by_field(default: dict[str, Any], named: dict[str, Any]) -> None:
+    """For any two entries: each field (and each circuitBreaker field) comes from the named entry when
+    it gives it, else from "*", else the default; null switches a protection off."""
+    policy = json.dumps({"*": default, "a.b.c": named})
+    got = load(annotated(policy, "a.b.c", "d.e.f")).mutating
+    mine, other = got[0].backend_policy, got[1].backend_policy
+
+    def expected(entries: list[dict[str, Any]]) -> BackendPolicy:
+        merged: dict[str, Any] = {}
+        for entry in entries:
+            for k, v in entry.items():
+                if k == "circuitBreaker" and isinstance(v, dict) and isinstance(merged.get(k), dict):
+                    merged[k] = {**merged[k], **v}
+                else:
+                    merged[k] = v
+        cb = merged.get("circuitBreaker")
+        return BackendPolicy(
+            circuit_breaker=None
+            if cb is None
+            else CircuitBreakerPolicy(
+                consecutive_failures=cb.get("consecutiveFailures", 5), open_seconds=cb.get("openSeconds", 10)
+            ),
+            max_in_flight=merged.get("maxInFlight"),
+            mode=merged.get("mode", "Enforce"),
+        )
+
+    assert mine == expected([default, named])
+    assert other == expected([default])
