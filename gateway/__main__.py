@@ -29,6 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def check(options: Namespace) -> int:
     """Validate a configuration directory: print every problem, exit 1 on errors."""
+    from gateway.config.backend_policy import DEFAULT_POLICY
     from gateway.config.load import load_directory
     from gateway.errors import ConfigError
 
@@ -57,6 +58,10 @@ def check(options: Namespace) -> int:
             f"  conversion {crd_name} -> {target} (review versions "
             f"{', '.join(entry.conversion_review_versions)}; timeout {entry.timeout_seconds:g}s{cache})"
         )
+    for hook in (*snapshot.validating, *snapshot.mutating):  # webhook-gateway.io/backend-policy in force
+        if hook.backend_policy != DEFAULT_POLICY:
+            policy = hook.backend_policy.describe()
+            print(f"  {hook.kind} webhook {hook.name!r} ({hook.configuration}): {policy}")
     return 1 if snapshot.warnings and options.warnings_as_errors else 0
 
 

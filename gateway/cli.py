@@ -159,6 +159,20 @@ def _serve_parser(prog: str) -> _EnvDefaults:
         default=64,
     )
 
+    r = p.add_argument_group("overload")
+    _add_option(
+        r,
+        "--shed-max-in-flight",
+        type=int,
+        help="answer reviews at once, as if every backend had a call error, while this many are in flight",
+    )
+    _add_option(
+        r,
+        "--shed-max-event-loop-lag",
+        type=float,
+        help="the same while the event loop runs more than this many seconds late",
+    )
+
     n = p.add_argument_group("namespaces")
     _add_option(
         n,

@@ -43,6 +43,7 @@ class Scenario:
     description: str
     backends: tuple[BackendSpec, ...]
     slow_fraction: float = 0.0
+    backend_policy: str = ""  # the webhook-gateway.io/backend-policy annotation of every configuration
 
     @property
     def validating(self) -> tuple[BackendSpec, ...]:
@@ -85,6 +86,9 @@ SCENARIOS: dict[str, str] = {
     "slow-ignore": "4 fast validating backends + 1 slow one (Ignore, times out) seeing a share of reviews",
     "dead-fail": "one live validating backend + one dead backend under Fail (every review denied)",
     "none": "one validating backend that matches nothing (the server's own floor)",
+    "backend-down": "1 live validating backend + 1 stalled one (timeout 2s, Ignore) behind a circuit breaker",
+    "overload": "1 validating backend (20 ms, Ignore) to drive past capacity (add --gateway-arg=--shed-...)",
+    "backend-down-off": "backend-down without the circuit breaker: every review waits for the stalled one",
 }
 
 
@@ -118,6 +122,24 @@ def build(
     elif name == "none":
         hooks = [replace(b, name=f"nomatch.{DOMAIN}") for b in _validating(1)]
         return Scenario(name, desc, tuple(hooks))
+    elif name == "overload":
+        busy = BackendSpec(f"busy.{DOMAIN}", "validating", "allow", failure_policy="Ignore", delay_ms=20)
+        return Scenario(name, desc, (busy,))
+    elif name in ("backend-down", "backend-down-off"):
+        stalled = BackendSpec(
+            f"stalled.{DOMAIN}",
+            "validating",
+            "allow",
+            failure_policy="Ignore",
+            timeout_seconds=2,
+            delay_ms=30_000,
+        )
+        policy = (
+            ""
+            if name.endswith("-off")
+            else '"*": {circuitBreaker: {consecutiveFailures: 5, openSeconds: 10}}'
+        )
+        return Scenario(name, desc, (*_validating(backends or 1), stalled), backend_policy=policy)
     else:  # pragma: no cover - argparse restricts the choices
         raise ValueError(name)
     return Scenario(name, desc, tuple(hooks))
@@ -180,6 +202,8 @@ def write_configs(
             "metadata": {"name": f"loadtest-{scenario.name}-{kind.lower()}"},
             "webhooks": webhooks,
         }
+        if scenario.backend_policy:
+            doc["metadata"]["annotations"] = {"webhook-gateway.io/backend-policy": scenario.backend_policy}  # type: ignore[index]
         path = directory / f"{kind.lower()}.yaml"
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
         written.append(path)

@@ -17,6 +17,7 @@ from types import MappingProxyType
 from typing import Final, cast
 
 from gateway.config import model, selectors, types
+from gateway.config.backend_policy import PolicyAnnotation, policy_for
 from gateway.config.cel import CompiledCondition
 from gateway.config.fielderrors import FieldError, child, index, invalid_omitting_value
 from gateway.config.validation import selector_build_error
@@ -39,6 +40,7 @@ class Accepted:
     config: types.WebhookConfiguration  # defaulted
     conditions: tuple[tuple[CompiledCondition, ...], ...]  # per webhook
     ca_bundles: tuple[bytes, ...]  # per webhook, decoded PEM
+    backend_policy: PolicyAnnotation | None = None  # the webhook-gateway.io/backend-policy annotation
 
 
 # --- caBundle (CFG-17) ---------------------------------------------------------------------------
@@ -145,6 +147,7 @@ def build_webhook(
         reinvocation_policy=cast(model.ReinvocationPolicy, reinvocation or "Never"),
         match_conditions=conditions,
         source=accepted.source,
+        backend_policy=policy_for(accepted.backend_policy, hook.name or ""),
     )
 
 

@@ -21,6 +21,7 @@ import msgspec
 import yaml
 
 from gateway.config import build, crd, defaults, model, schema, types
+from gateway.config.backend_policy import parse_backend_policy
 from gateway.config.fielderrors import FieldError, child, go_quote, index
 from gateway.config.validation import validate_configuration, validate_namespace
 from gateway.errors import ConfigError, ConfigProblem
@@ -201,12 +202,18 @@ class _Loader:
             failed += self.field_problems(doc, kind_name, name, [error] if error else [])
             self.field_problems(doc, kind_name, name, [warning] if warning else [], severity="warning")
             bundles.append(pem)
+        meta = config.metadata or types.ObjectMeta()
+        policy = parse_backend_policy(meta.annotations, [h.name or "" for h in config.webhooks or ()])
+        failed += self.field_problems(doc, kind_name, name, policy.errors)
+        self.field_problems(doc, kind_name, name, policy.warnings, severity="warning")
         unique = self.register(doc, kind_name, name)
         if failed or not unique:
             return
         self.field_problems(doc, kind_name, name, build.equivalent_warnings(config), severity="warning")
         self.accepted.append(
-            build.Accepted(kind, name, doc.source, config, tuple(findings.conditions), tuple(bundles))
+            build.Accepted(
+                kind, name, doc.source, config, tuple(findings.conditions), tuple(bundles), policy.annotation
+            )
         )
 
     def namespace(self, doc: _Document, body: dict[object, object]) -> None:

@@ -12,6 +12,7 @@ from typing import Final, Literal
 
 import msgspec
 
+from gateway.config.backend_policy import DEFAULT_POLICY, BackendPolicy
 from gateway.config.cel import CompiledCondition
 from gateway.config.selectors import LabelSelector
 from gateway.errors import ConfigProblem
@@ -78,6 +79,7 @@ class Webhook(msgspec.Struct, frozen=True, kw_only=True):
     reinvocation_policy: ReinvocationPolicy = "Never"
     match_conditions: tuple[CompiledCondition, ...] = ()
     source: str = ""  # the file (or cluster object) it was loaded from, for messages
+    backend_policy: BackendPolicy = DEFAULT_POLICY  # the webhook-gateway.io/backend-policy annotation
 
 
 class ConversionEntry(msgspec.Struct, frozen=True, kw_only=True):

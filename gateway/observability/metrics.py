@@ -334,7 +334,8 @@ class Metrics:
             "backend_call_errors_total",
             "Backend webhook call errors (ignored or not), per webhook name, type and reason: connect, "
             "tls, transport, timeout, status (non-2xx), too_large, decode, invalid_response "
-            "(verification), version, bad_response (patch), client_config, internal.",
+            "(verification), version, bad_response (patch), client_config, internal; calls not made: "
+            "circuit_open, max_in_flight (backend-policy), shed (gateway overloaded).",
             ("name", "type", "reason"),
         )  # fmt: skip
         self.review_duration = _histogram(
@@ -369,6 +370,7 @@ class Metrics:
             self.review_overhead, self.reviews_in_flight, self.config_generation, self.config_last_reload_ok,
         )  # fmt: skip
         self._init_conversion()
+        self._init_resilience()
         self.registry = CollectorRegistry()
         self.registry.register(_Collector(self))
 
@@ -570,6 +572,62 @@ class Metrics:
             self.crd_conversion_failures.labels(crd, report.failure_type).value += 1
             if report.timed_out:
                 self.crd_conversion_timeouts.labels(crd).value += 1
+
+    # --- backend protections and overload shedding (gateway.resilience) --------------------------
+
+    def _init_resilience(self) -> None:
+        self.circuit_state = _gauge(
+            "backend_circuit_state",
+            "Circuit breaker state per backend webhook name: 0 closed, 1 open, 2 half-open.",
+            ("webhook",),
+        )
+        self.circuit_transitions = _counter(
+            "backend_circuit_transitions_total",
+            "Circuit breaker transitions per backend webhook name and the state entered "
+            "(closed, open, half-open).",
+            ("webhook", "state"),
+        )
+        self.calls_refused = _counter(
+            "backend_calls_refused_total",
+            "Backend calls not made, answered at once as call errors under the webhook's failurePolicy, "
+            "per webhook name and reason (circuit_open, max_in_flight).",
+            ("webhook", "reason"),
+        )
+        self.reviews_shed = _counter(
+            "reviews_shed_total",
+            "Reviews answered at once because the gateway was overloaded, as if every matched backend "
+            "had a call error under its own failurePolicy, per reason (in_flight, event_loop_lag).",
+            ("reason",),
+        )
+        self.shadow_decisions = _counter(
+            "shadow_decisions_total",
+            "Results of backend webhooks in Shadow mode, which never change the answer, per webhook name "
+            "and outcome (allowed, denied, mutated, error).",
+            ("webhook", "outcome"),
+        )
+        self.families += (
+            self.circuit_state, self.circuit_transitions, self.calls_refused, self.reviews_shed,
+            self.shadow_decisions,
+        )  # fmt: skip
+        for reason in ("in_flight", "event_loop_lag"):
+            self.reviews_shed.labels(reason)
+
+    def circuit_changed(self, webhook: str, state: int, label: str) -> None:
+        """A circuit moved to ``state`` (its gauge value) named ``label`` (closed, open, half-open)."""
+        self.circuit_state.labels(webhook).value = state
+        self.circuit_transitions.labels(webhook, label).value += 1
+
+    def call_refused(self, webhook: str, reason: str) -> None:
+        """A backend call was not made (reason: circuit_open or max_in_flight)."""
+        self.calls_refused.labels(webhook, reason).value += 1
+
+    def review_shed(self, reason: str) -> None:
+        """A review was answered at once because the gateway was overloaded."""
+        self.reviews_shed.labels(reason).value += 1
+
+    def shadow_decision(self, webhook: str, outcome: str) -> None:
+        """A Shadow-mode backend's result (allowed, denied, mutated, error)."""
+        self.shadow_decisions.labels(webhook, outcome).value += 1
 
     # --- configuration and pool ------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from gateway.observability.canonical import (
     trace_id_of,
 )
 from gateway.observability.metrics import Metrics
+from gateway.resilience import CircuitState, Transition
 
 
 class Observability:
@@ -188,6 +189,28 @@ class Observability:
         """Export ``source()`` (origin -> open connections) at each scrape."""
         if self.prometheus is not None:
             self.prometheus.set_connection_source(source)
+
+    # --- backend protections (gateway.resilience) ------------------------------------------------
+
+    def circuit_changed(self, webhook: str, transition: Transition) -> None:
+        """A backend's circuit breaker moved: logged (opening as a warning) and counted."""
+        state = transition.state
+        level = logging.WARNING if state is CircuitState.OPEN else logging.INFO
+        structlog.get_logger("gateway.resilience").log(
+            level, "backend circuit " + state.label, webhook=webhook, previous=transition.previous.label
+        )
+        if self.prometheus is not None:
+            self.prometheus.circuit_changed(webhook, int(state), state.label)
+
+    def review_shed(self, reason: str) -> None:
+        """A review was answered at once because the gateway was overloaded (in_flight, event_loop_lag)."""
+        if self.prometheus is not None:
+            self.prometheus.review_shed(reason)
+
+    def call_refused(self, webhook: str, reason: str) -> None:
+        """A backend call was not made (circuit_open, max_in_flight); the review log shows the call error."""
+        if self.prometheus is not None:
+            self.prometheus.call_refused(webhook, reason)
 
 
 class ConnectionCounts(Protocol):

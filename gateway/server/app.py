@@ -9,6 +9,7 @@ review's backend calls. Nothing a client or a backend does can raise out of here
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, MutableMapping
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qsl, unquote
@@ -24,6 +25,7 @@ from gateway.errors import BadReview
 from gateway.matching import is_exempt, matching_error_status, not_ready_error
 from gateway.review import InboundReview, decode_inbound, encode_reply, encode_status
 from gateway.server.hypercorn_fixes import RequestQueue
+from gateway.server.overload import OverloadGate
 from gateway.server.timeouts import parse_go_duration
 from gateway.tracing import start_review_trace
 
@@ -115,6 +117,7 @@ class GatewayApp:
         observer: ReviewObserver | None = None,
         settings: ServerSettings | None = None,
         conversions: ConversionService | None = None,
+        overload: OverloadGate | None = None,
     ) -> None:
         self.snapshot = snapshot
         self.conversions = conversions
@@ -122,6 +125,7 @@ class GatewayApp:
         self.readiness = readiness
         self.observer: ReviewObserver = observer or NullObserver()
         self.settings = settings or ServerSettings()
+        self.overload = overload  # sheds reviews the gateway cannot start in time (None: never)
         self._endpoints = {self.settings.validate_path: "validating", self.settings.mutate_path: "mutating"}
         self.in_flight = 0  # reviews being handled right now (graceful shutdown waits for zero)
         self._idle = trio.Event()
@@ -201,7 +205,8 @@ class GatewayApp:
                 await _respond(send, 400, encode_status(400, "BadRequest", error), _JSON)
                 return
             deadline = arrived + self._budget(scope) - self.settings.deadline_margin_seconds
-            verdict = await self._decide(endpoint, inbound, deadline, receive)
+            with self.overload.review() if self.overload is not None else nullcontext():
+                verdict = await self._decide(endpoint, inbound, deadline, receive)
             if verdict is None:  # the caller went away; nobody is listening
                 code, error = 499, "caller disconnected"
                 return

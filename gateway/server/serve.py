@@ -104,9 +104,11 @@ async def serve(
     task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the gateway until SIGTERM/SIGINT (or ``Running.shutdown()``), then drain and return."""
+    from gateway.resilience import BackendGuards
     from gateway.sources.configdir import ConfigStore, fingerprint, watch_config_dir, watch_files
     from gateway.transport.caller import BackendCaller
     from gateway.transport.credentials import CredentialStore
+    from gateway.transport.guarded import GuardedCaller
     from gateway.transport.pool import ClientPool
 
     hypercorn_fixes.install()
@@ -143,12 +145,16 @@ async def serve(
         caller = BackendCaller(pool, credentials)
         caller.prepare(first)  # backend targets (URL, TLS, credentials) are built with the snapshot
         source = await _namespace_source(nursery, options, store)
+        endpoint_slices = _endpoint_slices(nursery, options, caller, store.snapshot)
         namespaces = _NamespaceLabels(source)
         # MAT-33: ready once a configuration is loaded and, if any backend needs namespace labels,
         # the namespace source has synced.
         readiness.add_check(lambda: source.ready or not _needs_namespaces(store.snapshot))
+        # Per-backend circuit breakers and bulkheads (webhook-gateway.io/backend-policy), kept across reloads.
+        guards = BackendGuards(trio.current_time, on_transition=observer.circuit_changed)
+        guards.reconcile((*first.validating, *first.mutating))
         dispatcher = Dispatcher(
-            caller,
+            GuardedCaller(caller, guards, on_refused=observer.call_refused),
             namespaces,
             DispatchSettings(
                 patch_mode=options.patch_mode,
@@ -156,7 +162,11 @@ async def serve(
                 exclude_virtual_resources=not options.include_virtual_resources,
             ),
         )
+        overload = _overload_gate(options, observer)
+        if overload is not None and overload.policy.max_event_loop_lag is not None:
+            await nursery.start(overload.run_lag_probe)
         app = GatewayApp(
+            overload=overload,
             snapshot=lambda: store.snapshot,
             dispatcher=dispatcher,
             readiness=readiness,
@@ -176,6 +186,9 @@ async def serve(
             if result == "success":
                 caller.prepare(store.snapshot)
             observer.config_reloaded(ok=result == "success", snapshot=store.snapshot, problems=list(problems))
+            if endpoint_slices is not None:
+                endpoint_slices.watch_snapshot(store.snapshot)
+            guards.reconcile((*store.snapshot.validating, *store.snapshot.mutating))
 
         await nursery.start(
             partial(
@@ -308,6 +321,34 @@ async def _namespace_source(nursery: trio.Nursery, options: Namespace, store: An
     config = load_kubeconfig(Path(options.kubeconfig)) if options.kubeconfig else in_cluster_config()
     source = ClusterNamespaces(KubeClient(config))
     nursery.start_soon(source.run)  # readiness waits for its first list (MAT-33)
+    return source
+
+
+def _overload_gate(options: Namespace, observer: Any) -> Any:
+    """Overload shedding when --shed-max-in-flight or --shed-max-event-loop-lag is given."""
+    from gateway.resilience import ShedPolicy
+    from gateway.server.overload import OverloadGate
+
+    policy = ShedPolicy(
+        max_in_flight=getattr(options, "shed_max_in_flight", None),
+        max_event_loop_lag=getattr(options, "shed_max_event_loop_lag", None),
+    )
+    return OverloadGate(policy, on_shed=observer.review_shed) if policy.enabled else None
+
+
+def _endpoint_slices(nursery: trio.Nursery, options: Namespace, caller: Any, snapshot: Snapshot) -> Any:
+    """With cluster access, service backends are balanced over their EndpointSlices (else DNS)."""
+    if options.namespace_source != "cluster":
+        return None
+    from gateway.sources.endpointslices import ClusterEndpointSlices
+    from gateway.sources.kube import KubeClient, in_cluster_config, load_kubeconfig
+    from gateway.transport.endpoints import EndpointRouter
+
+    config = load_kubeconfig(Path(options.kubeconfig)) if options.kubeconfig else in_cluster_config()
+    caller.endpoints = router = EndpointRouter(trio.current_time)
+    source = ClusterEndpointSlices(KubeClient(config), router.update)
+    source.watch_snapshot(snapshot)
+    nursery.start_soon(source.run)
     return source
 
 

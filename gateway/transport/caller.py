@@ -20,6 +20,7 @@ from gateway.errors import (
 )
 from gateway.tracing import child_traceparent
 from gateway.transport.credentials import CredentialStore
+from gateway.transport.endpoints import EndpointRouter
 from gateway.transport.pool import ClientPool
 from gateway.transport.resolve import Target, Targets
 
@@ -38,9 +39,15 @@ class BackendCaller:
     ``credentials`` (a reload) starts a new table, since every target may change with them.
     """
 
-    def __init__(self, pool: ClientPool, credentials: CredentialStore | None = None) -> None:
+    def __init__(
+        self,
+        pool: ClientPool,
+        credentials: CredentialStore | None = None,
+        endpoints: EndpointRouter | None = None,
+    ) -> None:
         self.pool = pool
         self._targets = Targets(credentials)
+        self.endpoints = endpoints  # service backends balanced over their EndpointSlices when set
 
     @property
     def credentials(self) -> CredentialStore | None:
@@ -68,6 +75,23 @@ class BackendCaller:
 
     async def call(self, hook: Webhook, body: bytes, *, timeout_seconds: float) -> Reply:
         target = self._target(hook)
+        service = hook.client_config.service
+        if self.endpoints is None or service is None:
+            return await self._call(target, body, timeout_seconds)
+        key = (service.namespace, service.name, service.port)
+        lease = self.endpoints.route(key, target)
+        if lease is None:
+            return await self._call(target, body, timeout_seconds)  # no endpoint data: DNS
+        connect_failed = False
+        try:
+            return await self._call(lease.target, body, timeout_seconds)
+        except CallingWebhookError as exc:
+            connect_failed = exc.kind == "connect"
+            raise
+        finally:
+            self.endpoints.done(key, lease, connect_failed=connect_failed)
+
+    async def _call(self, target: Target, body: bytes, timeout_seconds: float) -> Reply:
         trace = child_traceparent()
         headers = ((b"traceparent", trace.encode()),) if trace else ()
         try:

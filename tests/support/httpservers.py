@@ -76,6 +76,7 @@ class BackendServer:
     max_concurrent_streams: int = 100
     goaway_after_streams: int | None = None  # first connection: GOAWAY(last = first stream) after n
     port: int = 0
+    host: str = "127.0.0.1"  # any 127.0.0.x: several backends as the pods of one service
     connections: int = 0
     closed_connections: int = 0
     requests: list[SeenRequest] = field(default_factory=list)
@@ -98,7 +99,7 @@ class BackendServer:
         self._changed = trio.Event()
 
     async def serve(self, *, task_status: trio.TaskStatus[BackendServer] = trio.TASK_STATUS_IGNORED) -> None:
-        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        listeners = await trio.open_tcp_listeners(0, host=self.host)
         self.port = listeners[0].socket.getsockname()[1]
         async with trio.open_nursery() as nursery:
             nursery.start_soon(trio.serve_listeners, self._connection, listeners)

@@ -1,9 +1,10 @@
-"""A fake kube-apiserver serving Namespaces on 127.0.0.1 over TLS, in the real wire format.
+"""A fake kube-apiserver serving Namespaces and EndpointSlices on 127.0.0.1 over TLS, in the real wire format.
 
 ``NamespaceList`` with ``metadata.resourceVersion`` (and ``continue`` pagination), chunked watch
 responses with one JSON ``WatchEvent`` per line, ``BOOKMARK`` events carrying only a
 resourceVersion, ``ERROR`` events with a 410 ``Expired`` Status, HTTP 410 ``Gone``, and ``Status``
-bodies for 401/403/404/500.
+bodies for 401/403/404/500. ``discovery.k8s.io/v1`` EndpointSlices are listed and watched per
+namespace with a ``kubernetes.io/service-name=<service>`` label selector, in the same revision space.
 """
 
 from __future__ import annotations
@@ -60,6 +61,11 @@ class FakeKubeAPI:
     _watchers: list[trio.MemorySendChannel[dict[str, Any]]] = field(default_factory=list)
     _watch_scopes: list[trio.CancelScope] = field(default_factory=list)
     _pages: dict[str, tuple[int, list[dict[str, Any]]]] = field(default_factory=dict)
+    slices: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # (namespace, name)
+    slice_history: list[tuple[int, str, str, dict[str, Any]]] = field(default_factory=list)
+    _slice_watchers: list[tuple[str, str, trio.MemorySendChannel[dict[str, Any]]]] = field(
+        default_factory=list
+    )
 
     # -- state changes, as the apiserver would record them --
 
@@ -111,6 +117,76 @@ class FakeKubeAPI:
         }
         for channel in self._watchers:
             channel.send_nowait(event)
+        for _, _, channel in self._slice_watchers:
+            slice_mark = {**event, "object": {**event["object"], "kind": "EndpointSlice"}}
+            channel.send_nowait({**slice_mark, "object": {**slice_mark["object"], "apiVersion": SLICE_API}})
+
+    # -- EndpointSlices (discovery.k8s.io/v1) --
+
+    def put_slice(
+        self,
+        namespace: str,
+        name: str,
+        service: str,
+        port: int,
+        endpoints: list[tuple[str, bool, bool]],
+        *,
+        address_type: str = "IPv4",
+    ) -> None:
+        """Create or replace a slice of ``service`` whose ``endpoints`` are (address, ready, terminating)."""
+        kind = "MODIFIED" if (namespace, name) in self.slices else "ADDED"
+        self.rv += 1
+        self.slices[(namespace, name)] = {
+            "kind": "EndpointSlice",
+            "apiVersion": SLICE_API,
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "uid": f"uid-{namespace}-{name}",
+                "resourceVersion": str(self.rv),
+                "generation": 1,
+                "creationTimestamp": "2024-05-01T10:00:00Z",
+                "labels": {
+                    "kubernetes.io/service-name": service,
+                    "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io",
+                },
+            },
+            "addressType": address_type,
+            "endpoints": [
+                {
+                    "addresses": [address],
+                    "conditions": {
+                        "ready": ready,
+                        "serving": ready or terminating,
+                        "terminating": terminating,
+                    },
+                    "nodeName": "node-1",
+                    "targetRef": {"kind": "Pod", "namespace": namespace, "name": f"pod-{address}"},
+                }
+                for address, ready, terminating in endpoints
+            ],
+            "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
+        }
+        self._record_slice(kind, self.slices[(namespace, name)])
+
+    def delete_slice(self, namespace: str, name: str) -> None:
+        obj = self.slices.pop((namespace, name))
+        self.rv += 1
+        obj = {**obj, "metadata": {**obj["metadata"], "resourceVersion": str(self.rv)}}
+        self._record_slice("DELETED", obj)
+
+    def _record_slice(self, kind: str, obj: dict[str, Any]) -> None:
+        event = {"type": kind, "object": obj}
+        meta = obj["metadata"]
+        service = meta["labels"]["kubernetes.io/service-name"]
+        self.slice_history.append((self.rv, meta["namespace"], service, event))
+        if not self.silent:
+            for namespace, selected, channel in self._slice_watchers:
+                if namespace == meta["namespace"] and selected == service:
+                    channel.send_nowait(event)
+
+    def slice_requests(self, *, watch: bool) -> list[dict[str, str]]:
+        return [q for p, q, _ in self.requests if p.endswith("/endpointslices") and ("watch" in q) == watch]
 
     def compact(self) -> None:
         """etcd compaction: watching from any revision before the current one is now too old."""
@@ -170,6 +246,14 @@ class FakeKubeAPI:
                 f'webhook-gateway" cannot get resource "namespaces" in API group "" at the cluster scope'
             )
             await self.reply(conn, stream, 403, status_doc(403, "Forbidden", msg))
+            return
+        if target.path.startswith(SLICES_PREFIX) and target.path.endswith("/endpointslices"):
+            namespace = target.path.removeprefix(SLICES_PREFIX).removesuffix("/endpointslices")
+            service = query.get("labelSelector", "").removeprefix("kubernetes.io/service-name=")
+            if query.get("watch") in ("1", "true"):
+                await self.watch_slices(conn, stream, query, namespace, service)
+            else:
+                await self.list_slices(conn, stream, namespace, service)
             return
         if target.path == "/api/v1/namespaces":
             if query.get("watch") in ("1", "true"):
@@ -261,6 +345,76 @@ class FakeKubeAPI:
         finally:
             self._watchers.remove(sender)
             self._watch_scopes.remove(scope)
+
+    async def list_slices(
+        self, conn: h11.Connection, stream: trio.abc.Stream, namespace: str, service: str
+    ) -> None:
+        if self.fail_lists:
+            self.fail_lists -= 1
+            await self.reply(
+                conn, stream, 500, status_doc(500, "InternalError", "etcdserver: leader changed")
+            )
+            return
+        items = [
+            {k: v for k, v in obj.items() if k not in ("kind", "apiVersion")}
+            for (ns, _), obj in sorted(self.slices.items())
+            if ns == namespace and obj["metadata"]["labels"]["kubernetes.io/service-name"] == service
+        ]
+        body = {
+            "kind": "EndpointSliceList",
+            "apiVersion": SLICE_API,
+            "metadata": {"resourceVersion": str(self.rv)},
+            "items": items,
+        }
+        await self.reply(conn, stream, 200, body)
+
+    async def watch_slices(
+        self,
+        conn: h11.Connection,
+        stream: trio.abc.Stream,
+        query: dict[str, str],
+        namespace: str,
+        service: str,
+    ) -> None:
+        if self.watch_gone_http:
+            self.watch_gone_http -= 1
+            msg = f"too old resource version: {query['resourceVersion']} ({self.rv})"
+            await self.reply(conn, stream, 410, status_doc(410, "Gone", msg))
+            return
+        head = [("Content-Type", "application/json"), ("Transfer-Encoding", "chunked")]
+        await stream.send_all(conn.send(h11.Response(status_code=200, headers=head)) or b"")
+
+        async def send(event: dict[str, Any]) -> None:
+            await stream.send_all(conn.send(h11.Data(data=json.dumps(event).encode() + b"\n")) or b"")
+
+        since = int(query["resourceVersion"])
+        if since < self.compacted:
+            msg = f"too old resource version: {since} ({self.compacted})"
+            await send({"type": "ERROR", "object": status_doc(410, "Expired", msg)})
+            await stream.send_all(conn.send(h11.EndOfMessage()) or b"")
+            return
+        sender, receiver = trio.open_memory_channel[dict[str, Any]](1000)
+        scope = trio.CancelScope()
+        watcher = (namespace, service, sender)
+        self._slice_watchers.append(watcher)
+        self._watch_scopes.append(scope)
+        try:
+            with scope:
+                for rv, ns, svc, event in self.slice_history:
+                    if rv > since and ns == namespace and svc == service:
+                        await send(event)
+                seconds = float(query.get("timeoutSeconds", "1800"))
+                with trio.move_on_after(min(seconds, self.watch_seconds_cap or seconds)):
+                    async for event in receiver:
+                        await send(event)
+                await stream.send_all(conn.send(h11.EndOfMessage()) or b"")
+        finally:
+            self._slice_watchers.remove(watcher)
+            self._watch_scopes.remove(scope)
+
+
+SLICE_API = "discovery.k8s.io/v1"
+SLICES_PREFIX = "/apis/discovery.k8s.io/v1/namespaces/"
 
 
 def write_kubeconfig(api: FakeKubeAPI, path: Path, user: dict[str, Any] | None = None) -> Path:

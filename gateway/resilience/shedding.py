@@ -1,0 +1,128 @@
+"""Overload shedding for the gateway itself: refuse to *start* a review that cannot finish in time.
+
+Two predictors of "the gateway cannot start this review soon enough", both kept so that they can
+be measured side by side:
+
+- ``in_flight``: more than ``max_in_flight`` reviews are being handled. Cheap and exact, but the
+  right bound depends on the backends' latency and the machine.
+- ``event_loop_lag``: the event loop runs callbacks later than asked by more than
+  ``max_event_loop_lag`` seconds. The lag is what a new review would wait before its first step,
+  whatever causes it (CPU, a slow backend's bytes, garbage collection).
+
+A shed review is answered at once as if every matched backend had a call error under its own
+failurePolicy (HTTP 200): shedding never produces a decision the backends' policies would not.
+The server feeds lag samples from a probe task (``observe_lag``); this module does no I/O.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+from gateway.resilience.breaker import Clock
+
+ShedReason = Literal["in_flight", "event_loop_lag"]
+SHED_REASONS: Final[tuple[ShedReason, ...]] = ("in_flight", "event_loop_lag")
+
+_SAMPLES: Final = 64  # lag samples kept; only those inside the window count
+
+
+@dataclass(frozen=True, slots=True)
+class ShedPolicy:
+    """``None`` turns a predictor off; both off means never shed."""
+
+    max_in_flight: int | None = None
+    max_event_loop_lag: float | None = None  # seconds
+    lag_probe_interval: float = 0.05  # how often the server's probe asks to be woken (seconds)
+    lag_window: float = 1.0  # how long one lag sample keeps counting (seconds)
+
+    def __post_init__(self) -> None:
+        if self.max_in_flight is not None and self.max_in_flight < 1:
+            raise ValueError("max_in_flight must be >= 1")
+        if self.max_event_loop_lag is not None and self.max_event_loop_lag <= 0:
+            raise ValueError("max_event_loop_lag must be > 0")
+        if self.lag_probe_interval <= 0 or self.lag_window <= 0:
+            raise ValueError("lag_probe_interval and lag_window must be > 0")
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_in_flight is not None or self.max_event_loop_lag is not None
+
+
+@dataclass(eq=False, slots=True)
+class ReviewSlot:
+    """A review that was started; hand it back with ``Shedder.finish`` (twice is a no-op)."""
+
+    finished: bool = field(default=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Assessment:
+    """What each predictor says now (each ``False`` when it is off)."""
+
+    in_flight: bool
+    event_loop_lag: bool
+
+    @property
+    def reason(self) -> ShedReason | None:
+        """The first predictor that says shed (in-flight first: it is exact)."""
+        if self.in_flight:
+            return "in_flight"
+        if self.event_loop_lag:
+            return "event_loop_lag"
+        return None
+
+
+class Shedder:
+    """Counts reviews in flight and holds recent event-loop lag. Not thread-safe."""
+
+    __slots__ = ("_clock", "_last_sample_at", "_samples", "in_flight", "policy")
+
+    def __init__(self, policy: ShedPolicy, clock: Clock) -> None:
+        self.policy = policy
+        self._clock = clock
+        self.in_flight = 0
+        self._samples: deque[tuple[float, float]] = deque(maxlen=_SAMPLES)
+        self._last_sample_at: float | None = None
+
+    # --- event-loop lag ---
+
+    def observe_lag(self, lag: float) -> None:
+        """One probe result: the probe woke ``lag`` seconds later than it asked to."""
+        now = self._clock()
+        self._samples.append((now, max(0.0, lag)))
+        self._last_sample_at = now
+
+    def lag(self) -> float:
+        """The lag a review starting now should expect: the worst recent sample, or how overdue the
+        next probe already is (a loop blocked right now has not delivered its sample yet)."""
+        if self._last_sample_at is None:
+            return 0.0
+        now = self._clock()
+        horizon = now - self.policy.lag_window
+        worst = max((lag for at, lag in self._samples if at >= horizon), default=0.0)
+        overdue = now - self._last_sample_at - self.policy.lag_probe_interval
+        return max(worst, overdue)
+
+    # --- reviews ---
+
+    def assess(self) -> Assessment:
+        policy = self.policy
+        return Assessment(
+            in_flight=policy.max_in_flight is not None and self.in_flight >= policy.max_in_flight,
+            event_loop_lag=policy.max_event_loop_lag is not None and self.lag() > policy.max_event_loop_lag,
+        )
+
+    def try_start(self) -> ReviewSlot | ShedReason:
+        """Start a review (a slot to ``finish``), or the reason to shed it."""
+        reason = self.assess().reason
+        if reason is not None:
+            return reason
+        self.in_flight += 1
+        return ReviewSlot()
+
+    def finish(self, slot: ReviewSlot) -> None:
+        if not slot.finished:
+            slot.finished = True
+            self.in_flight -= 1

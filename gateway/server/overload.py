@@ -1,0 +1,51 @@
+"""Overload shedding at the review entrance, and the event-loop lag probe that feeds it.
+
+``OverloadGate.review()`` wraps the deciding of one review. When the ``Shedder`` says the gateway
+cannot start it in time, the review is still decided, but with every backend call refused at once
+(``transport.guarded.refusing_calls``): each matched backend has a call error under its own
+failurePolicy, and the caller gets HTTP 200 with that decision, never a 5xx (which would apply the
+gateway registration's policy to every backend at once).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import trio
+
+from gateway.resilience import ReviewSlot, Shedder, ShedPolicy
+from gateway.transport.guarded import refusing_calls
+
+
+class OverloadGate:
+    """The shedder with the trio clock, and its lag probe; ``on_shed(reason)`` counts shed reviews."""
+
+    def __init__(self, policy: ShedPolicy, on_shed: Callable[[str], None] | None = None) -> None:
+        self.policy = policy
+        self.shedder = Shedder(policy, trio.current_time)
+        self._on_shed = on_shed
+
+    @contextmanager
+    def review(self) -> Iterator[str | None]:
+        """Decide one review inside; yields the shed reason, or None when it runs normally."""
+        decision = self.shedder.try_start()
+        if isinstance(decision, ReviewSlot):
+            try:
+                yield None
+            finally:
+                self.shedder.finish(decision)
+            return
+        if self._on_shed is not None:
+            self._on_shed(decision)
+        with refusing_calls(decision):
+            yield decision
+
+    async def run_lag_probe(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Sleep ``lag_probe_interval`` over and over; how late each wake-up is, is the loop's lag."""
+        interval = self.policy.lag_probe_interval
+        task_status.started()
+        while True:
+            asked = trio.current_time() + interval
+            await trio.sleep_until(asked)
+            self.shedder.observe_lag(trio.current_time() - asked)
