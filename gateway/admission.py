@@ -8,7 +8,11 @@ matching (``gateway.matching``) and dispatch read only these. Objects stay undec
 
 from __future__ import annotations
 
-from typing import Final
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any, Final
 
 import msgspec
 
@@ -52,6 +56,63 @@ class Status(msgspec.Struct, omit_defaults=True):
     code: int = 0
 
 
+MAX_NESTING_DEPTH: Final = 10_000
+"""How deeply JSON may nest: the limit of the apiserver's own JSON decoder."""
+
+_RECURSION_SLACK: Final = 64  # envelope levels and msgspec's own calls above the document's
+
+
+class NestedTooDeeplyError(ValueError):
+    """A JSON document nests deeper than ``MAX_NESTING_DEPTH`` levels."""
+
+    def __init__(self) -> None:
+        super().__init__(f"JSON nested more than {MAX_NESTING_DEPTH} levels deep")
+
+
+def _stack_depth() -> int:
+    frame: FrameType | None = sys._getframe()
+    depth = 0
+    while frame is not None:
+        frame, depth = frame.f_back, depth + 1
+    return depth
+
+
+@contextmanager
+def nesting_allowed() -> Iterator[None]:
+    """Let recursive JSON code (msgspec counts every nesting level) go ``MAX_NESTING_DEPTH`` deep.
+
+    Python's default recursion limit (1000) would refuse documents the apiserver accepts. The limit
+    is raised only around one synchronous decode, on the slow path taken after a ``RecursionError``,
+    and always restored. (On Python >= 3.12 C code has its own fixed limit; deeper documents are
+    then refused as too deep instead of decoded.)
+    """
+    previous = sys.getrecursionlimit()
+    wanted = _stack_depth() + MAX_NESTING_DEPTH + _RECURSION_SLACK
+    if wanted > previous:
+        sys.setrecursionlimit(wanted)
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(previous)
+
+
+def decode_nested(decoder: msgspec.json.Decoder[Any], data: bytes) -> Any:
+    """``decoder.decode(data)`` for documents nested up to ``MAX_NESTING_DEPTH`` levels.
+
+    Raises ``NestedTooDeeplyError`` beyond that, and msgspec's ``DecodeError`` as usual. Shallow
+    documents (all real ones) take the plain fast path.
+    """
+    try:
+        return decoder.decode(data)
+    except RecursionError:
+        pass
+    with nesting_allowed():
+        try:
+            return decoder.decode(data)
+        except RecursionError:
+            raise NestedTooDeeplyError from None
+
+
 class _Labels(msgspec.Struct):
     labels: dict[str, str] | None = None
 
@@ -86,8 +147,8 @@ def object_labels(doc: msgspec.Raw | None) -> dict[str, str] | None:
     if doc is None or is_null(doc):
         return None
     try:
-        meta = _labels_decoder.decode(doc)
-    except msgspec.DecodeError:
+        meta = decode_nested(_labels_decoder, doc)
+    except (msgspec.DecodeError, NestedTooDeeplyError):
         # A metadata member that is not an object, labels that are not strings ...: upstream cannot
         # build an accessor for it either, so it never matches.
         return None
