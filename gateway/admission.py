@@ -174,6 +174,9 @@ class AdmissionAttributes:
         "object",
         "old_object",
         "operation",
+        "request_kind",
+        "request_resource",
+        "request_sub_resource",
         "resource",
         "sub_resource",
         "uid",
@@ -192,6 +195,9 @@ class AdmissionAttributes:
         object: msgspec.Raw | None = None,
         old_object: msgspec.Raw | None = None,
         dry_run: bool = False,
+        request_kind: GroupVersionKind | None = None,
+        request_resource: GroupVersionResource | None = None,
+        request_sub_resource: str | None = None,
     ) -> None:
         self.uid = uid
         self.operation = operation
@@ -203,6 +209,10 @@ class AdmissionAttributes:
         self.object = object
         self.old_object = old_object
         self.dry_run = dry_run
+        # The original request (REV-07: the request itself when the caller omitted these).
+        self.request_kind = kind if request_kind is None else request_kind
+        self.request_resource = resource if request_resource is None else request_resource
+        self.request_sub_resource = sub_resource if request_sub_resource is None else request_sub_resource
         self._labels: dict[str, str] | bool | None = False  # False: not decoded yet
         self._old_labels: dict[str, str] | bool | None = False
 
@@ -229,6 +239,9 @@ class AdmissionAttributes:
             object=obj,
             old_object=self.old_object,
             dry_run=self.dry_run,
+            request_kind=self.request_kind,
+            request_resource=self.request_resource,
+            request_sub_resource=self.request_sub_resource,
         )
         new._old_labels = self._old_labels
         return new

@@ -49,7 +49,6 @@ from gateway.matching import (
     namespace_to_look_up,
     should_call,
 )
-from gateway.matching.conditions import request_fields
 from gateway.review import InboundReview
 
 log = structlog.get_logger("gateway.dispatch")
@@ -154,6 +153,10 @@ class Dispatcher:
                     excluded=facts.excluded,
                     evaluation_errors=facts.evaluation_errors,
                     seconds=facts.evaluation_seconds,
+                    errors=tuple(
+                        (e.name, e.message)
+                        for e in (*facts.errors, *((facts.failure,) if facts.failure else ()))
+                    ),
                 )
             )
 
@@ -362,19 +365,7 @@ def _condition_inputs(inbound: InboundReview, hooks: tuple[Webhook, ...]) -> Con
     """
     if not any(h.match_conditions for h in hooks):
         return ConditionInputs()
-    request = inbound.request
-    fields = request_fields(inbound.attributes)
-    user = request.user_info
-    fields["userInfo"] = {
-        "username": user.username,
-        "uid": user.uid,
-        "groups": list(user.groups),
-        "extra": {key: list(values) for key, values in user.extra.items()},
-    }
-    try:
-        fields["options"] = None if is_null(request.options) else _decode(request.options)
-    except msgspec.DecodeError:
-        fields["options"] = None
+    fields = inbound.cel_request()
     return ConditionInputs(request=fields)
 
 

@@ -127,6 +127,9 @@ def decode_inbound(body: bytes) -> InboundReview:
         object=obj,
         old_object=old,
         dry_run=bool(request.dry_run),
+        request_kind=request.request_kind,
+        request_resource=request.request_resource,
+        request_sub_resource=request.request_sub_resource,
     )
     return InboundReview(api_version=envelope.api_version, request=request, attributes=attributes)
 
