@@ -26,6 +26,7 @@ from gateway.dispatch.invoke import (
     note_conditions,
 )
 from gateway.dispatch.outcome import (
+    SIDE_EFFECTS_REFUSED_ON_DRY_RUN,
     Allowed,
     CallFailed,
     DispatchSettings,
@@ -42,7 +43,6 @@ from gateway.dispatch.outcome import (
 )
 from gateway.dispatch.reinvocation import ReinvocationState
 from gateway.dispatch.report import DispatchReport
-from gateway.dispatch.validating import SIDE_EFFECTS_REFUSED_ON_DRY_RUN
 from gateway.errors import CallingWebhookError
 from gateway.matching import Call, CallFailure, NamespaceLabels, Refuse, should_call
 from gateway.review import JSON_PATCH, InboundReview

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypeAlias
+from typing import Any, Final, Literal, Protocol, TypeAlias
 
 import msgspec
 
@@ -46,6 +46,9 @@ from gateway.review import BackendResponse
 _encode = msgspec.json.Encoder().encode
 
 Kind = Literal["validating", "mutating"]
+
+SIDE_EFFECTS_REFUSED_ON_DRY_RUN: Final = ("Unknown", "Some")
+"""FPT-09: backends with these sideEffects are not called in a dry-run review."""
 
 
 # --- outcomes: how one backend invocation ended ----------------------------------------------------

@@ -22,6 +22,7 @@ from gateway.dispatch.invoke import (
     note_conditions,
 )
 from gateway.dispatch.outcome import (
+    SIDE_EFFECTS_REFUSED_ON_DRY_RUN,
     Allowed,
     CallFailed,
     DispatchSettings,
@@ -40,8 +41,6 @@ from gateway.matching import Call, CallFailure, NamespaceLabels, Refuse, decide_
 from gateway.review import InboundReview
 
 log = structlog.get_logger("gateway.dispatch")
-
-SIDE_EFFECTS_REFUSED_ON_DRY_RUN = ("Unknown", "Some")  # FPT-09
 
 
 async def validate(
