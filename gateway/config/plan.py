@@ -14,7 +14,7 @@ decides (upstream's precedence, selector errors, CEL) is ``gateway.matching``'s 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Final, TypeAlias
+from typing import TYPE_CHECKING, Final, NamedTuple, TypeAlias
 
 from gateway.admission import AdmissionAttributes, GroupVersionResource
 from gateway.config.selectors import LabelSelector
@@ -45,13 +45,14 @@ def _split_resource(entry: str) -> tuple[str, str]:
 class CompiledRule:
     """One Rule as sets; ``None`` stands for a wildcard list."""
 
-    __slots__ = ("cluster", "groups", "namespaced", "operations", "resources", "versions")
+    __slots__ = ("cluster", "entries", "everything", "groups", "namespaced", "operations", "versions")
 
     def __init__(self, rule: Rule) -> None:
         self.operations = None if WILDCARD in rule.operations else frozenset(rule.operations)
         self.groups = None if WILDCARD in rule.api_groups else frozenset(rule.api_groups)
         self.versions = None if WILDCARD in rule.api_versions else frozenset(rule.api_versions)
-        self.resources = tuple(_split_resource(entry) for entry in rule.resources)
+        self.entries = frozenset(_split_resource(entry) for entry in rule.resources)
+        self.everything = (WILDCARD, WILDCARD) in self.entries
         self.cluster = rule.scope in (WILDCARD, "Cluster")
         self.namespaced = rule.scope in (WILDCARD, "Namespaced")
 
@@ -71,16 +72,22 @@ class CompiledRule:
             return False
         if self.versions is not None and resource.version not in self.versions:
             return False
-        name = resource.resource
+        if self.everything:
+            return True
+        name, entries = resource.resource, self.entries
         # MAT-07 quirk: sub "*" also accepts the empty subresource, so "pods/*" matches "pods".
         # upstream: predicates/rules/rules.go resource()
-        return any(res in (WILDCARD, name) and sub in (WILDCARD, sub_resource) for res, sub in self.resources)
+        return (
+            (name, sub_resource) in entries
+            or (name, WILDCARD) in entries
+            or (WILDCARD, sub_resource) in entries
+        )
 
     def index_keys(self) -> Iterable[tuple[str, str, str]]:
         """(operation, group, resource) keys this rule can match, ``*`` standing for any."""
         operations = (WILDCARD,) if self.operations is None else tuple(self.operations)
         groups = (WILDCARD,) if self.groups is None else tuple(self.groups)
-        names = {res for res, _ in self.resources}
+        names = {res for res, _ in self.entries}
         for op in operations:
             for group in groups:
                 for name in names:
@@ -103,8 +110,16 @@ class RulesPlan:
         self, operation: str, resource: GroupVersionResource, sub_resource: str, namespace: str
     ) -> bool:
         """MAT-03 for an explicit resource (used for MAT-09 equivalents, where the GVR is substituted)."""
-        cluster = is_cluster_scoped(resource, namespace)
-        return any(rule.matches(operation, resource, sub_resource, cluster) for rule in self.rules)
+        return self.matches_scoped(operation, resource, sub_resource, is_cluster_scoped(resource, namespace))
+
+    def matches_scoped(
+        self, operation: str, resource: GroupVersionResource, sub_resource: str, cluster_scoped: bool
+    ) -> bool:
+        """MAT-03 with the scope class already worked out (once per review)."""
+        for rule in self.rules:  # noqa: SIM110 - a plain loop: no generator per backend per review
+            if rule.matches(operation, resource, sub_resource, cluster_scoped):
+                return True
+        return False
 
     def first_equivalent(
         self,
@@ -181,10 +196,19 @@ class MatchPlan:
         return f"<MatchPlan {self.hook.identity}>"
 
 
-class PlanSet:
-    """The plans of one webhook kind, in effective order (ORD-01), indexed by what rules name."""
+_MEMO_LIMIT: Final = 1024
 
-    __slots__ = ("_always", "_index", "plans")
+
+class PlanSet:
+    """The plans of one webhook kind, in effective order (ORD-01), indexed by what rules name.
+
+    ``candidates(attrs)`` answers "whose rules match this request?" from an index by (operation,
+    group, resource) and remembers the answer per request shape (operation, group, version, resource,
+    subresource, scope class): a bounded memo owned by this immutable set and dropped with its
+    Snapshot. A review of a known shape costs one dict lookup, however many backends are configured.
+    """
+
+    __slots__ = ("_always", "_index", "_memo", "plans")
 
     def __init__(self, hooks: Iterable[Webhook]) -> None:
         self.plans = tuple(MatchPlan(hook) for hook in hooks)
@@ -199,18 +223,32 @@ class PlanSet:
                 index.setdefault(key, []).append(position)
         self._index = {key: tuple(positions) for key, positions in index.items()}
         self._always = tuple(always)
+        self._memo: dict[tuple[str, str, str, str, str, bool], tuple[Candidate, ...]] = {}
 
     def __len__(self) -> int:
         return len(self.plans)
 
-    def candidates(self, attrs: AdmissionAttributes) -> tuple[MatchPlan, ...]:
-        """The plans whose rules could match ``attrs``, in effective order; the others skip by rules.
+    def candidates(self, attrs: AdmissionAttributes) -> tuple[Candidate, ...]:
+        """In effective order: the plans whose rules match ``attrs`` (``direct=True``), and the
+        ``Equivalent`` plans whose rules do not (``direct=False``: they may match through an
+        equivalent resource, MAT-09). Every other plan skips by rules."""
+        res = attrs.resource
+        cluster = is_cluster_scoped(res, attrs.namespace)
+        key = (attrs.operation, res.group, res.version, res.resource, attrs.sub_resource, cluster)
+        found = self._memo.get(key)
+        if found is None:
+            found = self._candidates(attrs.operation, res, attrs.sub_resource, cluster)
+            if len(self._memo) >= _MEMO_LIMIT:
+                self._memo.clear()
+            self._memo[key] = found
+        return found
 
-        A superset: scope, version and subresource are checked by ``RulesPlan.matches`` afterwards.
-        """
-        op, group, name = attrs.operation, attrs.resource.group, attrs.resource.resource
+    def _candidates(
+        self, op: str, res: GroupVersionResource, sub_resource: str, cluster: bool
+    ) -> tuple[Candidate, ...]:
+        group, name = res.group, res.resource
         get = self._index.get
-        found: set[int] = set(self._always)
+        positions: set[int] = set(self._always)
         for key in (
             (op, group, name),
             (op, group, WILDCARD),
@@ -221,8 +259,20 @@ class PlanSet:
             (WILDCARD, WILDCARD, name),
             (WILDCARD, WILDCARD, WILDCARD),
         ):
-            positions = get(key)
-            if positions:
-                found.update(positions)
-        plans = self.plans
-        return tuple(plans[i] for i in sorted(found))
+            found = get(key)
+            if found:
+                positions.update(found)
+        out: list[Candidate] = []
+        for position in sorted(positions):
+            plan = self.plans[position]
+            direct = plan.rules.matches_scoped(op, res, sub_resource, cluster)
+            if direct or plan.hook.match_policy == "Equivalent":
+                out.append(Candidate(plan, direct))
+        return tuple(out)
+
+
+class Candidate(NamedTuple):
+    """A plan that may apply to a request; ``direct``: its rules match the request's own resource."""
+
+    plan: MatchPlan
+    direct: bool

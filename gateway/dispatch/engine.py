@@ -70,7 +70,7 @@ class Dispatcher:
         candidates = plans.candidates(attrs)
         if not candidates:
             return Verdict(allowed=True, report=report)  # VAL-02: no rules match
-        namespace = await self._namespace_labels(candidates, attrs, deadline)
+        namespace = await self._namespace_labels([c.plan for c in candidates], attrs, deadline)
         return await validating.validate(
             self.backends,
             self.settings,
@@ -91,7 +91,7 @@ class Dispatcher:
         candidates = plans.candidates(attrs)
         if not candidates:
             return Verdict(allowed=True, report=report)
-        namespace = await self._namespace_labels(candidates, attrs, deadline)
+        namespace = await self._namespace_labels([c.plan for c in candidates], attrs, deadline)
         return await mutating.mutate(
             self.backends,
             self.settings,
@@ -103,7 +103,7 @@ class Dispatcher:
         )
 
     async def _namespace_labels(
-        self, plans: tuple[MatchPlan, ...], attrs: AdmissionAttributes, deadline: float
+        self, plans: list[MatchPlan], attrs: AdmissionAttributes, deadline: float
     ) -> NamespaceLabels | None:
         """Look the namespace up once per review, only if some backend's selector needs it (MAT-12).
 

@@ -147,18 +147,18 @@ async def mutate(
     chain = ChainObject(inbound.attributes)
     # Rules read only operation and resource, which no patch changes: the candidates are fixed.
     candidates = plans.candidates(chain.attrs)
-    inputs = condition_inputs(inbound, candidates)
+    inputs = condition_inputs(inbound, [plan for plan, _ in candidates])
     state = ReinvocationState()
     outcomes: list[Outcome] = []
     for round_ in (0, 1):
         if round_ == 1 and not state.should_run_round_1:
             break
-        for plan in candidates:
+        for plan, direct in candidates:
             hook = plan.hook
             if round_ == 1 and not state.should_reinvoke(hook.identity):
                 continue  # MUT-16/17: only backends in R, and only those invoked in round 0
             decision = should_call(
-                plan, chain.attrs, namespace, equivalents=settings.equivalents, inputs=inputs
+                plan, chain.attrs, namespace, direct=direct, equivalents=settings.equivalents, inputs=inputs
             )
             note_conditions(report, hook, decision)
             if isinstance(decision, Refuse):  # MUT-02: answers the review, earlier patches discarded

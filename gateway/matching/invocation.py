@@ -19,7 +19,7 @@ import msgspec
 
 from gateway.admission import AdmissionAttributes, GroupVersionResource, Status, StatusCause, StatusDetails
 from gateway.config.model import Webhook
-from gateway.config.plan import MatchPlan, PlanSet
+from gateway.config.plan import MatchPlan, PlanSet, is_cluster_scoped
 from gateway.errors import CallingWebhookError, MatchingError
 from gateway.matching.conditions import (
     DEFAULT_TIME_LIMIT_SECONDS,
@@ -101,7 +101,16 @@ _UNRESOLVED: Final = object()
 class _Review:
     """Per-review work shared by all backends: the rules shape key, namespace labels, CEL inputs."""
 
-    __slots__ = ("_namespace", "attrs", "clock", "equivalents", "inputs", "looked_up", "time_limit")
+    __slots__ = (
+        "_namespace",
+        "attrs",
+        "clock",
+        "cluster",
+        "equivalents",
+        "inputs",
+        "looked_up",
+        "time_limit",
+    )
 
     def __init__(
         self,
@@ -114,6 +123,7 @@ class _Review:
         clock: Clock,
     ) -> None:
         self.attrs = attrs
+        self.cluster = is_cluster_scoped(attrs.resource, attrs.namespace)  # MAT-08, once per review
         self.looked_up = looked_up
         self.equivalents = equivalents
         self.inputs = inputs
@@ -138,6 +148,7 @@ def should_call(
     attrs: AdmissionAttributes,
     namespace_labels: NamespaceLabels | None,
     *,
+    direct: bool | None = None,
     equivalents: Equivalents | None = None,
     inputs: ConditionInputs | None = None,
     time_limit_seconds: float = DEFAULT_TIME_LIMIT_SECONDS,
@@ -145,7 +156,8 @@ def should_call(
 ) -> MatchDecision:
     """Decide whether ``hook`` applies to ``attrs`` (MAT-01..30).
 
-    ``hook`` is a compiled plan (from the Snapshot) or a bare webhook (compiled here, for tests).
+    ``hook`` is a compiled plan (from the Snapshot) or a bare webhook (compiled here, for tests);
+    ``direct`` is whether its rules match, when the caller already knows (``PlanSet.candidates``).
     ``namespace_labels`` is the dispatcher's lookup of ``namespace_to_look_up(attrs)``; ``inputs``
     shares decoded CEL variables across the backends of one review (made here when omitted).
     """
@@ -157,7 +169,7 @@ def should_call(
         time_limit=time_limit_seconds,
         clock=clock,
     )
-    return _decide(hook if isinstance(hook, MatchPlan) else MatchPlan(hook), review)
+    return _decide(hook if isinstance(hook, MatchPlan) else MatchPlan(hook), review, direct)
 
 
 def decide_all(
@@ -184,7 +196,7 @@ def decide_all(
         clock=clock,
     )
     if isinstance(hooks, PlanSet):
-        decided = {id(plan): _decide(plan, review) for plan in hooks.candidates(attrs)}
+        decided = {id(plan): _decide(plan, review, direct) for plan, direct in hooks.candidates(attrs)}
         return [decided.get(id(plan), _SKIP_RULES) for plan in hooks.plans]
     return [_decide(h if isinstance(h, MatchPlan) else MatchPlan(h), review) for h in hooks]
 
@@ -211,13 +223,18 @@ def decide_candidates(
         time_limit=time_limit_seconds,
         clock=clock,
     )
-    return [(plan, _decide(plan, review)) for plan in plans.candidates(attrs)]
+    return [(plan, _decide(plan, review, direct)) for plan, direct in plans.candidates(attrs)]
 
 
-def _decide(plan: MatchPlan, review: _Review) -> MatchDecision:
+def _decide(plan: MatchPlan, review: _Review, direct: bool | None = None) -> MatchDecision:
+    """One backend's decision; ``direct`` is whether its rules match (None: find out here)."""
     attrs = review.attrs
     via: GroupVersionResource | None = None
-    if not plan.rules.matches(attrs):
+    if direct is None:
+        direct = plan.rules.matches_scoped(
+            attrs.operation, attrs.resource, attrs.sub_resource, review.cluster
+        )
+    if not direct:
         equivalents = review.equivalents
         if equivalents is None or plan.hook.match_policy != "Equivalent":
             return _SKIP_RULES
