@@ -82,9 +82,9 @@ def nesting_allowed() -> Iterator[None]:
     """Let recursive JSON code (msgspec counts every nesting level) go ``MAX_NESTING_DEPTH`` deep.
 
     Python's default recursion limit (1000) would refuse documents the apiserver accepts. The limit
-    is raised only around one synchronous decode, on the slow path taken after a ``RecursionError``,
-    and always restored. (On Python >= 3.12 C code has its own fixed limit; deeper documents are
-    then refused as too deep instead of decoded.)
+    is raised only around one synchronous step (a decode, a patch), on the slow path taken after a
+    ``RecursionError``, and always restored. (On Python >= 3.12 C code has its own fixed limit;
+    documents deeper than that are then refused as too deep instead of decoded.)
     """
     previous = sys.getrecursionlimit()
     wanted = _stack_depth() + MAX_NESTING_DEPTH + _RECURSION_SLACK

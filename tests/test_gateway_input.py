@@ -7,6 +7,7 @@ other, their objects forwarded byte for byte.
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 from typing import Any
@@ -150,3 +151,29 @@ async def test_deeply_nested_objects_are_decided_like_any_other(
     sent_object = body[body.index(b'"object": ') + len(b'"object": ') : body.index(b', "oldObject"')]
     for call in server.calls:
         assert b'"object":' + sent_object + b',"oldObject"' in call.body
+
+
+@pytest.mark.parametrize(
+    "depth",
+    [
+        pytest.param(depth, id=f"MUT-11: an object nesting {depth} levels is patched like any other")
+        for depth in (2_500, 10_000)
+    ],
+)
+async def test_deeply_nested_objects_are_patched(nursery: trio.Nursery, tmp_path: Path, depth: int) -> None:
+    server: BackendServer = await nursery.start(lambda task_status: serve_backend(task_status=task_status))
+    hooks = [backend("labeler.example.com", "/patch/x")]
+    hooks[0]["clientConfig"]["url"] = hooks[0]["clientConfig"]["url"].replace(
+        "__backend__", f"http://127.0.0.1:{server.port}"
+    )
+    write_config(tmp_path / "config", mutating={"m": hooks})
+    running = await start_gateway(nursery, tmp_path / "config")
+    client = await gateway_client(running)
+    for mode in ("first", "second"):  # the second review of the same shape, too
+        resp = await client.post("/mutate?timeout=10s", _nested_object(depth))
+        assert resp is not None and resp.status == 200, (mode, resp and resp.body)
+        response = resp.json["response"]
+        assert response["allowed"] is True, response
+        assert json.loads(base64.b64decode(response["patch"])) == [
+            {"op": "add", "path": "/metadata/labels/x", "value": "true"}
+        ]

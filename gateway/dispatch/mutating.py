@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 import trio
 
-from gateway.admission import AdmissionAttributes, decode_nested, is_null
+from gateway.admission import AdmissionAttributes, decode_nested, is_null, nesting_allowed
 from gateway.config.model import Webhook
 from gateway.config.plan import PlanSet
 from gateway.dispatch import jsonpatch, status
@@ -89,9 +89,16 @@ class ChainObject:
             return Allowed(at, resp)
         try:
             return self._apply(hook, ops, resp.patch, at, resp)
-        except RecursionError:  # an object deeper than the patch code can walk: refused, not a crash
-            st = status.patch_failure_status(hook.name, "the object is nested too deeply to patch")
-            return PatchFailed(at, resp, st)
+        except RecursionError:
+            pass
+        # An object nested deeper than Python's default recursion allows (up to the apiserver's
+        # 10,000 levels): patched like any other; deeper still is refused, never a crash.
+        with nesting_allowed():
+            try:
+                return self._apply(hook, ops, resp.patch, at, resp)
+            except RecursionError:
+                st = status.patch_failure_status(hook.name, "the object is nested too deeply to patch")
+                return PatchFailed(at, resp, st)
 
     def _apply(self, hook: Webhook, ops: list[Any], raw: bytes, at: Invocation, resp: Any) -> Outcome:
         """MUT-06..12: apply all-or-nothing to the current object; internal errors deny with 500."""
@@ -100,6 +107,7 @@ class ChainObject:
         if self.doc is None:
             self.inbound_doc = decode_nested(_decoder, self.attrs.object)  # type: ignore[arg-type]
             self.doc = self.inbound_doc
+        # Nothing below changes the chain until the very end, so a RecursionError can be retried.
         before = self.doc
         try:
             after = jsonpatch.apply_patch(before, ops)
@@ -117,16 +125,26 @@ class ChainObject:
                 str(after.get("kind", "")),
             )
             return PatchFailed(at, resp, st)
-        self.patches.append(raw)
         changed = not jsonpatch.json_equal(before, after)
         if changed:
-            self.doc = after
-            self.attrs = self.attrs.with_object(msgspec.Raw(_encode(after)))
+            attrs = self.attrs.with_object(msgspec.Raw(_encode(after)))
+            self.doc, self.attrs = after, attrs
+        self.patches.append(raw)
         return Allowed(at, resp, mutated=changed, patch=ops)
 
     def combined_patch(self, mode: PatchMode) -> bytes | None:
         """MUT-22..24: one patch from the inbound object to the final one, or None if equal."""
-        if not self.patches or self.doc is None or jsonpatch.json_equal(self.inbound_doc, self.doc):
+        if not self.patches or self.doc is None:
+            return None
+        try:
+            return self._combined(mode)
+        except RecursionError:
+            pass
+        with nesting_allowed():  # a deeply nested object (see ``apply``)
+            return self._combined(mode)
+
+    def _combined(self, mode: PatchMode) -> bytes | None:
+        if jsonpatch.json_equal(self.inbound_doc, self.doc):
             return None
         if mode == "diff":
             return _encode(jsonpatch.diff_patch(self.inbound_doc, self.doc))
@@ -187,8 +205,8 @@ async def mutate(
             state.record(hook.identity, if_needed=hook.reinvocation_policy == "IfNeeded", changed=changed)
     try:
         patch = chain.combined_patch(settings.patch_mode)
-    except RecursionError:  # diffing an object nested beyond the interpreter: the ops as sent
-        patch = chain.combined_patch("concat")
+    except RecursionError:  # beyond even the raised limit: the ops as the backends sent them
+        patch = jsonpatch.concat_patches(chain.patches)
     return settle("mutating", report, outcomes, settings, patch=patch)
 
 
