@@ -84,6 +84,11 @@ def _review_with(change: str) -> dict[str, Any]:
         req["object"]["spec"]["replicas"] = 2**64
     elif change == "huge int in options":
         req["options"]["gracePeriodSeconds"] = 2**70
+    elif change == "deep options":
+        deep = 1
+        for _ in range(2_000):
+            deep = [deep]
+        req["options"]["deep"] = deep
     return doc
 
 
@@ -95,6 +100,7 @@ UNUSABLE_INPUTS = [
         ("deep object", "object.metadata.labels.app == 'web'"),
         ("huge int in object", "object.metadata.labels.app == 'web'"),
         ("huge int in options", "request.options.kind == 'CreateOptions'"),
+        ("deep options", "request.options.kind == 'CreateOptions'"),
     )
 ]
 

@@ -177,3 +177,38 @@ async def test_deeply_nested_objects_are_patched(nursery: trio.Nursery, tmp_path
         assert json.loads(base64.b64decode(response["patch"])) == [
             {"op": "add", "path": "/metadata/labels/x", "value": "true"}
         ]
+
+
+def _with_member(path: str, value: Any) -> bytes:
+    doc = review()
+    target = doc["request"]
+    *parents, last = path.split(".")
+    for name in parents:
+        target = target[name]
+    target[last] = value
+    return json.dumps(doc).encode()
+
+
+WRONG_MEMBERS = [
+    pytest.param(
+        "userInfo.extra",
+        {"scopes": [2**64]},
+        id="REV-01: an integer in userInfo.extra is a 400 naming the member",
+    ),
+    pytest.param(
+        "userInfo.groups", [2**70], id="REV-01: an integer in userInfo.groups is a 400 naming the member"
+    ),
+    pytest.param("dryRun", "yes", id="REV-01: a dryRun that is not a boolean is a 400 naming the member"),
+]
+
+
+@pytest.mark.parametrize(("path", "value"), WRONG_MEMBERS)
+async def test_wrongly_typed_members_are_a_400(
+    nursery: trio.Nursery, tmp_path: Path, path: str, value: Any
+) -> None:
+    running, server = await _gateway(nursery, tmp_path)
+    client = await gateway_client(running)
+    resp = await client.post("/validate", _with_member(path, value))
+    assert resp is not None and resp.status == 400, resp and resp.body
+    assert f"$.request.{path}" in resp.json["message"]
+    assert not server.calls

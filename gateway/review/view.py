@@ -15,7 +15,13 @@ from typing import Final
 
 import msgspec
 
-from gateway.admission import AdmissionAttributes, GroupVersionKind, GroupVersionResource
+from gateway.admission import (
+    AdmissionAttributes,
+    GroupVersionKind,
+    GroupVersionResource,
+    NestedTooDeeplyError,
+    decode_nested,
+)
 from gateway.review.types import API_VERSIONS, InboundRequest, RequestHeader, ReviewVersion
 
 _encoder: Final = msgspec.json.Encoder()
@@ -140,19 +146,8 @@ def _options(raw: msgspec.Raw) -> object:
     if bytes(memoryview(raw)[:1]) == b"n":
         return None
     try:
-        return _decoder.decode(raw)
-    except (msgspec.DecodeError, RecursionError):
-        # Unusable for CEL; an expression reading it errors, governed by failurePolicy (MAT-26).
-        return _UNUSABLE
-
-
-class _Unusable:
-    """Marks a request member CEL cannot be given (too deep to decode)."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "<unusable>"
-
-
-_UNUSABLE: Final = _Unusable()
+        # As deep as the inbound decode allowed; whether CEL can use it is decided where CEL
+        # converts it (too deep for the interpreter: an evaluation failure, MAT-26).
+        return decode_nested(_decoder, raw)
+    except (msgspec.DecodeError, NestedTooDeeplyError):  # not reachable for a decoded review
+        return None
