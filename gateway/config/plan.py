@@ -228,6 +228,14 @@ class PlanSet:
     def __len__(self) -> int:
         return len(self.plans)
 
+    def __eq__(self, other: object) -> bool:
+        # Derived data: two sets are equal when compiled from equal webhooks (keeps Snapshot ==).
+        if not isinstance(other, PlanSet):
+            return NotImplemented
+        return [p.hook for p in self.plans] == [p.hook for p in other.plans]
+
+    __hash__ = None  # type: ignore[assignment]
+
     def candidates(self, attrs: AdmissionAttributes) -> tuple[Candidate, ...]:
         """In effective order: the plans whose rules match ``attrs`` (``direct=True``), and the
         ``Equivalent`` plans whose rules do not (``direct=False``: they may match through an
