@@ -17,7 +17,7 @@ from typing import Final
 
 import msgspec
 
-from gateway.admission import NULL, Status
+from gateway.admission import NULL, NestedTooDeeplyError, Status, decode_nested
 from gateway.config.model import Webhook
 from gateway.errors import CallingWebhookError
 from gateway.review.types import JSON_PATCH, KIND, BackendReply, ReviewVersion, api_version
@@ -164,8 +164,8 @@ def decode_backend_response(
             f"0-length response with status code: {status_code} and content type: {content_type}"
         )
     try:
-        reply = _reply_decoder.decode(body)
-    except msgspec.DecodeError as exc:
+        reply = decode_nested(_reply_decoder, body)  # as deep as upstream's decoder allows
+    except (msgspec.DecodeError, NestedTooDeeplyError) as exc:
         raise _decode_error(str(exc)) from None
     if reply is None:  # a JSON null decodes into an empty review upstream
         reply = _EMPTY_REPLY
