@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any, Final
+from typing import Final, TypeVar
 
 import msgspec
 
@@ -96,7 +96,10 @@ def nesting_allowed() -> Iterator[None]:
         sys.setrecursionlimit(previous)
 
 
-def decode_nested(decoder: msgspec.json.Decoder[Any], data: bytes) -> Any:
+_T = TypeVar("_T")
+
+
+def decode_nested(decoder: msgspec.json.Decoder[_T], data: bytes) -> _T:
     """``decoder.decode(data)`` for documents nested up to ``MAX_NESTING_DEPTH`` levels.
 
     Raises ``NestedTooDeeplyError`` beyond that, and msgspec's ``DecodeError`` as usual. Shallow

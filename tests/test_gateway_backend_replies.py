@@ -22,8 +22,10 @@ from tests.support.gateway import gateway_client, hook, review, start_gateway, w
 Reply = Callable[[dict[str, Any]], bytes]
 
 
-async def serve_replies(reply: Reply, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-    """A real HTTP/1.1 backend answering every review with ``reply(review)``."""
+async def serve_replies(
+    reply: Reply, status: int = 200, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """A real HTTP/1.1 backend answering every review with ``status`` and ``reply(review)``."""
 
     async def handle(stream: trio.SocketStream) -> None:
         conn = h11.Connection(h11.SERVER)
@@ -38,7 +40,7 @@ async def serve_replies(reply: Reply, task_status: trio.TaskStatus[int] = trio.T
                 elif isinstance(event, h11.EndOfMessage):
                     out = reply(json.loads(body))
                     headers = [("content-type", "application/json"), ("content-length", str(len(out)))]
-                    await stream.send_all(conn.send(h11.Response(status_code=200, headers=headers)) or b"")
+                    await stream.send_all(conn.send(h11.Response(status_code=status, headers=headers)) or b"")
                     await stream.send_all(conn.send(h11.Data(data=out)) or b"")
                     await stream.send_all(conn.send(h11.EndOfMessage()) or b"")
                     if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
@@ -126,7 +128,27 @@ CASES: list[Any] = [
 ]
 
 
-@pytest.mark.parametrize(("endpoint", "reply", "policy", "expected"), CASES)
+def deep_status(depth: int) -> Reply:
+    def reply(doc: dict[str, Any]) -> bytes:
+        return f'{{"kind":"Status","status":"Failure","code":500,"details":{nested(depth)}}}'.encode()
+
+    return reply
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "reply", "policy", "expected", "status"),
+    [
+        *[pytest.param(*case.values, 200, id=case.id) for case in CASES],
+        pytest.param(
+            "validate",
+            deep_status(20_000),
+            "Fail",
+            (False, "failed to call webhook: an error on the server"),
+            500,
+            id="ERR-07: an error reply nesting 20,000 levels is a plain HTTP error call error",
+        ),
+    ],
+)
 async def test_deeply_nested_replies_are_decided(
     nursery: trio.Nursery,
     tmp_path: Path,
@@ -135,8 +157,9 @@ async def test_deeply_nested_replies_are_decided(
     reply: Reply,
     policy: str,
     expected: tuple[bool, str | None],
+    status: int,
 ) -> None:
-    port = await nursery.start(serve_replies, reply)
+    port = await nursery.start(serve_replies, reply, status)
     hooks = [hook("deep.example.com", f"http://127.0.0.1:{port}/", failurePolicy=policy)]
     kind = "validating" if endpoint == "validate" else "mutating"
     write_config(tmp_path / "config", **{kind: {"c": hooks}})  # type: ignore[arg-type]
