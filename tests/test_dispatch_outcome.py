@@ -27,6 +27,7 @@ from gateway.dispatch.outcome import (
     PatchFailed,
     Rejected,
     apply_failure_policy,
+    not_enforced,
     settle,
 )
 from gateway.dispatch.report import DispatchReport
@@ -209,3 +210,93 @@ def test_match_refusal_answers_the_review_and_discards_the_patch() -> None:
     assert verdict.allowed is False and verdict.patch is None
     assert verdict.status is not None and verdict.status.code == 500
     assert report.denied_by == "b.example.com"
+
+
+def test_not_enforced_outcomes_are_recorded_but_never_deny() -> None:
+    """The rollout seam: a rejection marked not enforced is recorded as one, and the review allowed."""
+    a = hook("a.example.com", 0)
+    outcome = not_enforced(Rejected(at(a), REFUSED, DENY))
+    effect = apply_failure_policy(outcome, "Fail")
+    assert effect.deny == DENY and not effect.denies
+    report = DispatchReport(kind="validating", operation="CREATE")
+    verdict = settle("validating", report, [outcome], DispatchSettings())
+    assert verdict.allowed and verdict.status is None
+    assert [r.outcome for r in report.invocations] == ["rejected"]
+
+
+class RefuseOne:
+    """A backend policy (the seam for circuit breakers): refuses calls to one backend, or enforces
+    nothing for it; records what it was told."""
+
+    def __init__(self, name: str, *, refuse: bool = True) -> None:
+        self.name, self.refuse = name, refuse
+        self.seen: list[tuple[str, str]] = []
+
+    def admit(self, hook: Webhook) -> CallingWebhookError | None:
+        if self.refuse and hook.name == self.name:
+            return CallingWebhookError(
+                "failed to call webhook: circuit open", status_code=503, kind="refused"
+            )
+        return None
+
+    def settled(self, hook: Webhook, outcome: Outcome) -> None:
+        self.seen.append((hook.name, type(outcome).__name__))
+
+    def enforced(self, hook: Webhook) -> bool:
+        return self.refuse or hook.name != self.name
+
+
+SEAM_TABLE: list[Any] = [
+    pytest.param(
+        "validate", "Fail", True, False, id="FPT-02: a call the backend policy refuses denies under Fail"
+    ),
+    pytest.param(
+        "validate",
+        "Ignore",
+        True,
+        True,
+        id="FPT-03: a call the backend policy refuses fails open under Ignore",
+    ),
+    pytest.param("mutate", "Fail", True, False, id="MUT-14: a refused call stops the chain under Fail"),
+    pytest.param(
+        "validate",
+        "Fail",
+        False,
+        True,
+        id="rollout: a denying backend not enforced leaves the review allowed",
+    ),
+    pytest.param(
+        "mutate",
+        "Fail",
+        False,
+        True,
+        id="rollout: a denying mutating backend not enforced lets the chain go on",
+    ),
+]
+
+
+@pytest.mark.parametrize(("endpoint", "policy", "refuse", "allowed"), SEAM_TABLE)
+async def test_backend_policy_seam(endpoint: str, policy: str, refuse: bool, allowed: bool) -> None:
+    from gateway.dispatch.engine import Dispatcher
+    from tests.support.gateway import hook as hook_doc
+    from tests.test_dispatch_deadlines import NoNamespaces, VirtualBackends, inbound, snapshot
+
+    kind = "ValidatingWebhookConfiguration" if endpoint == "validate" else "MutatingWebhookConfiguration"
+    snap = snapshot(
+        hook_doc("ok.example.com", "https://ok", failurePolicy=policy),
+        hook_doc("guarded.example.com", "https://guarded", failurePolicy=policy),
+        kind=kind,
+    )
+    backends = VirtualBackends({"ok.example.com": (0, "allow"), "guarded.example.com": (0, "deny")})
+    seam = RefuseOne("guarded.example.com", refuse=refuse)
+    dispatcher = Dispatcher(backends, NoNamespaces(), policy=seam)
+    run = dispatcher.validate if endpoint == "validate" else dispatcher.mutate
+    verdict = await run(inbound(), snap, deadline=1e9)
+    assert verdict.allowed is allowed, verdict.status
+    called = [name for name, _, _ in backends.calls]
+    assert ("guarded.example.com" in called) is (not refuse)
+    if refuse and not allowed:
+        assert verdict.status is not None and "circuit open" in verdict.status.message
+    assert ("guarded.example.com" in [name for name, _ in seam.seen]) is (
+        not refuse
+    )  # refused: never settled

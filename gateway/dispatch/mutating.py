@@ -39,6 +39,7 @@ from gateway.dispatch.outcome import (
     Rejected,
     Verdict,
     apply_failure_policy,
+    not_enforced,
     settle,
 )
 from gateway.dispatch.reinvocation import ReinvocationState
@@ -248,4 +249,6 @@ async def _invoke(
         )
         outcome = chain.apply(hook, called, at)
     backends.policy.settled(hook, outcome)
+    if not backends.policy.enforced(hook):  # a rollout mode: recorded, never denying
+        outcome = not_enforced(outcome)
     return outcome

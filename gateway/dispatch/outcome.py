@@ -14,13 +14,15 @@ Backend policy seam (circuit breaker, bulkhead, rollout modes): a ``BackendPolic
 ``admit(hook)`` by the drivers before a call; a refusal is returned as the ``CallingWebhookError``
 the call would have failed with, so it becomes a ``CallFailed`` outcome governed by the backend's
 ``failurePolicy`` like any other call error. After the invocation the driver hands the outcome to
-``settled(hook, outcome)`` (the breaker's bookkeeping). A rollout mode (Warn/Shadow) that records an
-outcome without enforcing it belongs in ``apply_failure_policy``'s caller: an ``Effect`` with
-``enforced=False`` is recorded (annotations, report) but never denies.
+``settled(hook, outcome)`` (the breaker's bookkeeping). A rollout mode (Warn/Shadow) answers
+``enforced(hook)`` False: the driver marks the outcome (``not_enforced``), ``apply_failure_policy``
+then returns an ``Effect`` with ``enforced=False``, and ``settle`` records it (report, annotations)
+without letting it deny.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol, TypeAlias
@@ -64,6 +66,7 @@ class Invocation:
     version: str = ""
     backend_uid: str = ""
     position: int = 0  # validating: place among the called backends (the failed-open annotation index)
+    enforced: bool = True  # False: a rollout mode records this outcome without letting it deny
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +165,18 @@ FAIL_OPEN = Effect(failed_open=True)
 
 
 def apply_failure_policy(outcome: Outcome, policy: FailurePolicy) -> Effect:
-    """FPT-01..03, FPT-09, ERR-01/02/04/08 and MUT-06..13 for one outcome, in one place."""
+    """FPT-01..03, FPT-09, ERR-01/02/04/08 and MUT-06..13 for one outcome, in one place.
+
+    An invocation marked not enforced (``Invocation.enforced``, set by the drivers from
+    ``BackendPolicy.enforced``) gets the same effect with ``enforced=False``: recorded, never denying.
+    """
+    effect = _effect(outcome, policy)
+    if not isinstance(outcome, MatchRefused) and not outcome.at.enforced:
+        return Effect(deny=effect.deny, failed_open=effect.failed_open, enforced=False)
+    return effect
+
+
+def _effect(outcome: Outcome, policy: FailurePolicy) -> Effect:
     if isinstance(outcome, Allowed):
         return ALLOW
     if isinstance(outcome, Rejected | PatchFailed | DryRunRefused):
@@ -182,25 +196,38 @@ def apply_failure_policy(outcome: Outcome, policy: FailurePolicy) -> Effect:
 
 
 class BackendPolicy(Protocol):
-    """Asked before and told after every backend call (circuit breakers, bulkheads).
+    """Asked before and told after every backend call (circuit breakers, bulkheads, rollout modes).
 
     ``admit`` returns None to let the call proceed, or the call error to fail it with (never raises);
-    ``settled`` sees every outcome of an admitted call and must not raise.
+    ``settled`` sees every outcome of an admitted call and must not raise; ``enforced`` is False for
+    a backend whose outcomes are recorded but never deny (Warn/Shadow rollout).
     """
 
     def admit(self, hook: Webhook) -> CallingWebhookError | None: ...
 
     def settled(self, hook: Webhook, outcome: Outcome) -> None: ...
 
+    def enforced(self, hook: Webhook) -> bool: ...
+
 
 class AdmitAll:
-    """The default backend policy: every call proceeds, nothing is tracked."""
+    """The default backend policy: every call proceeds and is enforced, nothing is tracked."""
 
     def admit(self, hook: Webhook) -> CallingWebhookError | None:
         return None
 
     def settled(self, hook: Webhook, outcome: Outcome) -> None:
         pass
+
+    def enforced(self, hook: Webhook) -> bool:
+        return True
+
+
+def not_enforced(outcome: Outcome) -> Outcome:
+    """The same outcome, recorded but never denying (what a rollout mode makes of it)."""
+    if isinstance(outcome, MatchRefused):
+        return outcome
+    return dataclasses.replace(outcome, at=dataclasses.replace(outcome.at, enforced=False))
 
 
 # --- the verdict, built once from the outcomes ---------------------------------------------------

@@ -33,6 +33,7 @@ from gateway.dispatch.outcome import (
     Panicked,
     Rejected,
     Verdict,
+    not_enforced,
     settle,
 )
 from gateway.dispatch.report import DispatchReport
@@ -135,6 +136,8 @@ async def _invoke(
             else:
                 outcome = Rejected(at, response, status.rejection_status(hook.name, response.status))
         backends.policy.settled(hook, outcome)
+        if not backends.policy.enforced(hook):  # a rollout mode: recorded, never denying
+            outcome = not_enforced(outcome)
         return outcome
     except trio.Cancelled:
         raise
