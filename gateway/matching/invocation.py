@@ -7,6 +7,9 @@ count only when the rules match, the namespaceSelector's before the objectSelect
 
 Whole-review errors (404/500/403 of MAT-16/17/23/28) are *returned* as ``Refuse(error)`` values, never
 raised: the dispatcher decides in configuration order which one answers the review (VAL-01, MUT-02).
+
+Backends come as ``MatchPlan``s compiled with the Snapshot (``gateway.config.plan``);
+``decide_candidates`` looks only at the plans whose rules can match (the Snapshot's index).
 """
 
 from __future__ import annotations
