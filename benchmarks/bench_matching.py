@@ -14,7 +14,8 @@ import pytest
 
 from gateway.admission import AdmissionAttributes, GroupVersionKind, GroupVersionResource
 from gateway.config.model import Webhook
-from gateway.matching import Call, ConditionInputs, decide_all, namespace_to_look_up
+from gateway.config.plan import PlanSet
+from gateway.matching import Call, ConditionInputs, decide_all, decide_candidates, namespace_to_look_up
 from tests.matching_support import hook, rule, selector
 
 
@@ -102,6 +103,7 @@ def backends() -> list[Webhook]:
 
 
 HOOKS = backends()
+PLANS = PlanSet(HOOKS)  # compiled once, as the Snapshot does
 NAMESPACE_LABELS = {"team": "a", "kubernetes.io/metadata.name": "team-a"}
 
 
@@ -119,7 +121,7 @@ def review() -> AdmissionAttributes:
 
 def match_one_review() -> int:
     attrs = review()
-    decisions = decide_all(HOOKS, attrs, NAMESPACE_LABELS)
+    decisions = decide_all(PLANS, attrs, NAMESPACE_LABELS)
     return sum(isinstance(d, Call) for d in decisions)
 
 
@@ -136,7 +138,34 @@ def test_fifty_backends(benchmark: Any) -> None:
 
 def test_lookup_decision(benchmark: Any) -> None:
     """Deciding which namespace to look up for the same 50 backends."""
-    assert benchmark(lambda: namespace_to_look_up(review(), HOOKS)) == "team-a"
+    assert benchmark(lambda: namespace_to_look_up(review(), PLANS.plans)) == "team-a"
+
+
+def scale(total: int, matching: int = 5) -> PlanSet:
+    """``total`` backends of which ``matching`` apply to the Pod review; the rest name other resources."""
+    hooks = [
+        hook(f"pods{i}.example.com", rules=(rule(resources=("pods",)),), index=i) for i in range(matching)
+    ]
+    hooks += [
+        hook(
+            f"crd{i}.example.com",
+            rules=(rule(groups=(f"g{i}.example.com",), resources=(f"things{i}",)),),
+            index=matching + i,
+        )
+        for i in range(total - matching)
+    ]
+    return PlanSet(hooks)
+
+
+@pytest.mark.parametrize("total", [10, 1000])
+def test_many_backends_few_matching(benchmark: Any, total: int) -> None:
+    """Issue 15's scale target: 1,000 backends with 5 matching within 2x of 10 with 5 matching."""
+    plans = scale(total)
+
+    def run() -> int:
+        return sum(isinstance(d, Call) for _, d in decide_candidates(plans, review(), NAMESPACE_LABELS))
+
+    assert benchmark(run) == 5
 
 
 @pytest.mark.parametrize("count", [1])

@@ -8,7 +8,11 @@ matching (``gateway.matching``) and dispatch read only these. Objects stay undec
 
 from __future__ import annotations
 
-from typing import Final
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Final, TypeVar
 
 import msgspec
 
@@ -52,6 +56,66 @@ class Status(msgspec.Struct, omit_defaults=True):
     code: int = 0
 
 
+MAX_NESTING_DEPTH: Final = 10_000
+"""How deeply JSON may nest: the limit of the apiserver's own JSON decoder."""
+
+_RECURSION_SLACK: Final = 64  # envelope levels and msgspec's own calls above the document's
+
+
+class NestedTooDeeplyError(ValueError):
+    """A JSON document nests deeper than ``MAX_NESTING_DEPTH`` levels."""
+
+    def __init__(self) -> None:
+        super().__init__(f"JSON nested more than {MAX_NESTING_DEPTH} levels deep")
+
+
+def _stack_depth() -> int:
+    frame: FrameType | None = sys._getframe()
+    depth = 0
+    while frame is not None:
+        frame, depth = frame.f_back, depth + 1
+    return depth
+
+
+@contextmanager
+def nesting_allowed() -> Iterator[None]:
+    """Let recursive JSON code (msgspec counts every nesting level) go ``MAX_NESTING_DEPTH`` deep.
+
+    Python's default recursion limit (1000) would refuse documents the apiserver accepts. The limit
+    is raised only around one synchronous step (a decode, a patch), on the slow path taken after a
+    ``RecursionError``, and always restored. (On Python >= 3.12 C code has its own fixed limit;
+    documents deeper than that are then refused as too deep instead of decoded.)
+    """
+    previous = sys.getrecursionlimit()
+    wanted = _stack_depth() + MAX_NESTING_DEPTH + _RECURSION_SLACK
+    if wanted > previous:
+        sys.setrecursionlimit(wanted)
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(previous)
+
+
+_T = TypeVar("_T")
+
+
+def decode_nested(decoder: msgspec.json.Decoder[_T], data: bytes) -> _T:
+    """``decoder.decode(data)`` for documents nested up to ``MAX_NESTING_DEPTH`` levels.
+
+    Raises ``NestedTooDeeplyError`` beyond that, and msgspec's ``DecodeError`` as usual. Shallow
+    documents (all real ones) take the plain fast path.
+    """
+    try:
+        return decoder.decode(data)
+    except RecursionError:
+        pass
+    with nesting_allowed():
+        try:
+            return decoder.decode(data)
+        except RecursionError:
+            raise NestedTooDeeplyError from None
+
+
 class _Labels(msgspec.Struct):
     labels: dict[str, str] | None = None
 
@@ -86,8 +150,8 @@ def object_labels(doc: msgspec.Raw | None) -> dict[str, str] | None:
     if doc is None or is_null(doc):
         return None
     try:
-        meta = _labels_decoder.decode(doc)
-    except msgspec.DecodeError:
+        meta = decode_nested(_labels_decoder, doc)
+    except (msgspec.DecodeError, NestedTooDeeplyError):
         # A metadata member that is not an object, labels that are not strings ...: upstream cannot
         # build an accessor for it either, so it never matches.
         return None
@@ -113,6 +177,9 @@ class AdmissionAttributes:
         "object",
         "old_object",
         "operation",
+        "request_kind",
+        "request_resource",
+        "request_sub_resource",
         "resource",
         "sub_resource",
         "uid",
@@ -131,6 +198,9 @@ class AdmissionAttributes:
         object: msgspec.Raw | None = None,
         old_object: msgspec.Raw | None = None,
         dry_run: bool = False,
+        request_kind: GroupVersionKind | None = None,
+        request_resource: GroupVersionResource | None = None,
+        request_sub_resource: str | None = None,
     ) -> None:
         self.uid = uid
         self.operation = operation
@@ -142,6 +212,10 @@ class AdmissionAttributes:
         self.object = object
         self.old_object = old_object
         self.dry_run = dry_run
+        # The original request (REV-07: the request itself when the caller omitted these).
+        self.request_kind = kind if request_kind is None else request_kind
+        self.request_resource = resource if request_resource is None else request_resource
+        self.request_sub_resource = sub_resource if request_sub_resource is None else request_sub_resource
         self._labels: dict[str, str] | bool | None = False  # False: not decoded yet
         self._old_labels: dict[str, str] | bool | None = False
 
@@ -168,6 +242,9 @@ class AdmissionAttributes:
             object=obj,
             old_object=self.old_object,
             dry_run=self.dry_run,
+            request_kind=self.request_kind,
+            request_resource=self.request_resource,
+            request_sub_resource=self.request_sub_resource,
         )
         new._old_labels = self._old_labels
         return new

@@ -71,6 +71,23 @@ def test_ord01_one_list_per_kind() -> None:
     assert [(h.identity, h.index) for h in snapshot.mutating] == [("a/m1.a.b/0", 0), ("a/m2.a.b/0", 1)]
 
 
+def test_match_plans_are_compiled_with_the_snapshot() -> None:
+    """ORD-01/04: every webhook's match plan is built with the Snapshot, in effective order."""
+    snapshot = load(
+        config(hook("v1.a.b"), name="b", kind=VALIDATING),
+        config(hook("m1.a.b"), hook("m2.a.b"), name="a", kind=MUTATING),
+    )
+    for kind in ("validating", "mutating"):
+        plans = snapshot.plans(kind)  # type: ignore[arg-type]
+        assert [p.hook for p in plans.plans] == list(snapshot.webhooks(kind))  # type: ignore[arg-type]
+    again = load(
+        config(hook("v1.a.b"), name="b", kind=VALIDATING),
+        config(hook("m1.a.b"), hook("m2.a.b"), name="a", kind=MUTATING),
+    )
+    assert again.plans("mutating") is not snapshot.plans("mutating")
+    assert again.plans("mutating") == snapshot.plans("mutating")  # equal webhooks, equal plans
+
+
 def test_ord01_configurations_mapping() -> None:
     """ORD-01: configurations maps (kind, name) to that configuration's webhooks in array order."""
     snapshot = load(config(hook("x.a.b"), hook("y.a.b"), name="b"), config(hook("z.a.b"), name="a"))

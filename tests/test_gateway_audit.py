@@ -11,7 +11,7 @@ from urllib.parse import quote
 import pytest
 import trio
 
-from tests.support.gateway import Expect, backend, run_scenario
+from tests.support.gateway import Expect, backend, review, run_scenario
 
 LONG_KEY = "k" * 60
 LONG_NAME = "images.policy.example.com"
@@ -111,3 +111,48 @@ async def test_audit_patches_option(nursery: trio.Nursery, tmp_path: Path) -> No
     value = json.loads(outcome.annotations["patch.round_0_index_0"])
     assert value["webhook"] == "labeler.example.com"
     assert value["patch"] == [{"op": "add", "path": "/metadata/labels/x", "value": "true"}]
+
+
+REFUSING_SIDE_EFFECTS = [
+    pytest.param(
+        {"sideEffects": "Unknown"},
+        id="AUD-05/06, FPT-09: sideEffects Unknown refused on dry run is annotated",
+    ),
+    pytest.param(
+        {"sideEffects": "Some"}, id="AUD-05/06, FPT-09: sideEffects Some refused on dry run is annotated"
+    ),
+    pytest.param(
+        {"sideEffects": None},
+        id="AUD-05/06, FPT-09: v1beta1's default sideEffects (Unknown) refused on dry run is annotated",
+    ),
+]
+
+
+@pytest.mark.parametrize("side_effects", REFUSING_SIDE_EFFECTS)
+async def test_dry_run_refusal_is_annotated(
+    nursery: trio.Nursery, tmp_path: Path, side_effects: dict[str, str | None]
+) -> None:
+    """A mutating backend refused on a dry run gets mutation.round_0_index_<i> with mutated: false."""
+    refused = backend("refused.example.com", "/patch/x", **side_effects)
+    if side_effects["sideEffects"] is None:
+        del refused["sideEffects"]
+    hooks = {"cfg": [backend("safe.example.com", "/allow", sideEffects="NoneOnDryRun"), refused]}
+    outcome = await run_scenario(
+        nursery,
+        tmp_path,
+        endpoint="mutate",
+        mutating=hooks,
+        api_version="admissionregistration.k8s.io/v1beta1",  # Unknown/Some are refused in v1 files
+        doc=review(dry_run=True),
+    )
+    Expect(allowed=False, code=400, calls=1).check(outcome)
+    assert json.loads(outcome.annotations["mutation.round_0_index_0"]) == {
+        "configuration": "cfg",
+        "webhook": "safe.example.com",
+        "mutated": False,
+    }
+    assert json.loads(outcome.annotations["mutation.round_0_index_1"]) == {
+        "configuration": "cfg",
+        "webhook": "refused.example.com",
+        "mutated": False,
+    }

@@ -452,6 +452,18 @@ NOT_READY = "is forbidden: not yet ready to handle request"
             "d",
             id="MAT-33: the group follows the resource",
         ),
+        pytest.param(
+            attrs(
+                "CREATE",
+                name="",
+                object=msgspec.Raw(
+                    b'{"spec":' + b"[" * 5_000 + b"]" * 5_000 + b',"metadata":{"name":"deep"}}'
+                ),
+            ),
+            f'pods "deep" {NOT_READY}',
+            "deep",
+            id="MAT-33: the name of an object nesting 5,000 levels is found like any other",
+        ),
     ],
 )
 def test_not_ready(a: AdmissionAttributes, message: str, name: str) -> None:

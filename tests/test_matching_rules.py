@@ -7,8 +7,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.config.model import Rule
+from gateway.config.plan import PlanSet
 from gateway.matching.rules import rule_matches, rules_match
-from tests.matching_support import attrs, rule
+from tests.matching_support import attrs, hook, rule
 
 # --- upstream predicates/rules/rules_test.go, as data ---------------------------------------------
 # Each upstream case tests one sub-predicate; here the other fields are wildcards, so the whole rule
@@ -501,3 +502,26 @@ def test_matcher_equals_reference(rules: tuple[Rule, ...], requests: list[tuple[
         expected = any(reference(r, op, group, version, resource, sub, namespace) for r in rules)
         assert rules_match(rules, a) is expected
         assert rules_match(rules, a) is expected  # second time from the memo
+
+
+@given(
+    st.lists(st.lists(rules_strategy, max_size=3).map(tuple), max_size=6),
+    st.lists(request_strategy, min_size=1),
+)
+def test_snapshot_index_finds_exactly_the_backends_whose_rules_match(
+    backends: list[tuple[Rule, ...]], requests: list[tuple[str, ...]]
+) -> None:
+    """MAT-03..08: the Snapshot's plan index (by operation, group, resource) misses no backend and
+    adds none, asked twice per request (the second answer from its memo)."""
+    plans = PlanSet([hook(f"h{i}.example.com", rules=rules, index=i) for i, rules in enumerate(backends)])
+    for op, group, version, resource, sub, namespace in requests:
+        a = attrs(op, group, version, resource, sub, namespace=namespace)
+        expected = [
+            i
+            for i, rules in enumerate(backends)
+            if any(reference(r, op, group, version, resource, sub, namespace) for r in rules)
+        ]
+        for _ in range(2):
+            found = plans.candidates(a)
+            assert all(direct for _, direct in found)
+            assert [plan.hook.index for plan, _ in found] == expected

@@ -160,6 +160,11 @@ _VALID = inbound_doc()
             "request.options must be a JSON object or null",
             id="REV-01: options that are a number are refused",
         ),
+        pytest.param(
+            b'{"a":' * 20_000,
+            "request body is not acceptable: JSON nested more than 10000 levels deep",
+            id="REV-01: nesting deeper than the apiserver's decoder allows is refused",
+        ),
     ],
 )
 def test_malformed_inbound_review_is_refused(payload: bytes, message: str) -> None:
@@ -502,3 +507,21 @@ def test_status_bodies(code: int, reason: str, message: str) -> None:
         "reason": reason,
         "code": code,
     }
+
+
+@pytest.mark.parametrize(
+    "member",
+    [
+        pytest.param(m, id=f"REV-01: a byte that is not UTF-8 in {m} is refused, naming byte and offset")
+        for m in ("name", "namespace")
+    ],
+)
+def test_invalid_utf8_is_refused_naming_byte_and_offset(member: str) -> None:
+    payload = body(inbound_doc(**{member: "web-MARK"})).replace(b"MARK", b"\xfe")
+    offset = payload.index(b"\xfe")
+    with pytest.raises(BadReview) as info:
+        decode_inbound(payload)
+    assert (
+        str(info.value)
+        == f"request body is not valid UTF-8: invalid start byte (byte 0xfe at offset {offset})"
+    )

@@ -14,6 +14,7 @@ import msgspec
 
 from gateway.config.backend_policy import DEFAULT_POLICY, BackendPolicy
 from gateway.config.cel import CompiledCondition
+from gateway.config.plan import PlanSet
 from gateway.config.selectors import LabelSelector
 from gateway.errors import ConfigProblem
 
@@ -108,6 +109,7 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     ``validating``/``mutating`` are the effective lists; ``configurations`` maps
     ``(kind, metadata.name)`` to that configuration's webhooks in array order. ``namespaces`` holds
     the labels of ``Namespace`` objects found in the configuration sources (file mode, GW-01).
+    ``plans(kind)`` is every webhook's match plan, compiled when the snapshot is constructed.
     """
 
     validating: tuple[Webhook, ...] = ()
@@ -120,8 +122,22 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     warnings: tuple[ConfigProblem, ...] = ()
     conversions: Mapping[str, ConversionEntry] = msgspec.field(default_factory=dict)  # by CRD name
 
+    # Compiled in __post_init__ from the lists above; never given by callers.
+    validating_plans: PlanSet | None = None
+    mutating_plans: PlanSet | None = None
+
+    def __post_init__(self) -> None:
+        msgspec.structs.force_setattr(self, "validating_plans", PlanSet(self.validating))
+        msgspec.structs.force_setattr(self, "mutating_plans", PlanSet(self.mutating))
+
     def webhooks(self, kind: WebhookKind) -> tuple[Webhook, ...]:
         return self.validating if kind == "validating" else self.mutating
+
+    def plans(self, kind: WebhookKind) -> PlanSet:
+        """The match plans of ``kind``, aligned with ``webhooks(kind)``."""
+        plans = self.validating_plans if kind == "validating" else self.mutating_plans
+        assert plans is not None  # set in __post_init__
+        return plans
 
     def __repr__(self) -> str:
         return (

@@ -68,6 +68,7 @@ import h11
 import msgspec
 import trio
 
+from gateway.admission import NestedTooDeeplyError, decode_nested
 from gateway.wire.tls import server_context
 
 V1: Final = "admission.k8s.io/v1"
@@ -298,7 +299,7 @@ class _Review(msgspec.Struct, rename={"api_version": "apiVersion"}):
     request: _Request | None = None
 
 
-_decode_review = msgspec.json.Decoder(_Review).decode
+_review_decoder = msgspec.json.Decoder(_Review)
 _encode = msgspec.json.Encoder().encode
 _REASONS: Final = {400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound", 409: "Conflict"}
 _HUGE_CACHE: dict[int, bytes] = {}
@@ -366,8 +367,8 @@ def answer(plan: Plan, body: bytes, rng: random.Random) -> Reply:
     if t == "huge":
         return Reply(200, _huge_body(int(plan.args[0])))
     try:
-        review = _decode_review(body)
-    except msgspec.DecodeError as exc:
+        review = decode_nested(_review_decoder, body)  # as deep as the apiserver's decoder allows
+    except (msgspec.DecodeError, NestedTooDeeplyError) as exc:
         return _text(400, f"cannot decode AdmissionReview: {exc}")
     if review.request is None:
         return _text(400, "AdmissionReview has no request")

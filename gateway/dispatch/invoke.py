@@ -1,20 +1,27 @@
 """Calling one backend: negotiate, encode, POST, classify the HTTP status, decode and verify.
 
-Every way a call can fail becomes ``CallingWebhookError`` (governed by failurePolicy); what a
-verified reply *means* (allow, reject, patch) is decided by the validating/mutating dispatchers.
+``call_backend`` returns a verified reply (``Called``) or the ``CallingWebhookError`` the call ended
+with (governed by failurePolicy), as a value; what a verified reply *means* (allow, reject, patch)
+is decided by the drivers and ``gateway.dispatch.outcome``. Also here: what both drivers share
+(``Backends``, the CEL inputs of a review, the condition facts of the report).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import trio
 
 from gateway.admission import AdmissionAttributes
 from gateway.config.model import Webhook
+from gateway.config.plan import MatchPlan
+from gateway.dispatch.outcome import BackendPolicy
 from gateway.dispatch.ports import WebhookCaller
+from gateway.dispatch.report import ConditionRecord, DispatchReport
 from gateway.dispatch.status import http_error_cause
 from gateway.errors import CallingWebhookError
+from gateway.matching import ConditionFacts, ConditionInputs, MatchDecision
 from gateway.review import (
     BackendResponse,
     InboundReview,
@@ -47,6 +54,15 @@ def deadline_exceeded(caller: WebhookCaller, hook: Webhook) -> CallingWebhookErr
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Backends:
+    """What the drivers need to call backends: the caller, the backend policy seam, a clock."""
+
+    caller: WebhookCaller
+    policy: BackendPolicy
+    clock: Callable[[], float]
+
+
 async def call_backend(
     caller: WebhookCaller,
     hook: Webhook,
@@ -55,8 +71,23 @@ async def call_backend(
     *,
     deadline: float,
     mutating: bool,
+) -> Called | CallingWebhookError:
+    """One invocation of ``hook`` on the current object: its verified reply, or its call error."""
+    try:
+        return await _call(caller, hook, inbound, attrs, deadline=deadline, mutating=mutating)
+    except CallingWebhookError as exc:
+        return exc
+
+
+async def _call(
+    caller: WebhookCaller,
+    hook: Webhook,
+    inbound: InboundReview,
+    attrs: AdmissionAttributes,
+    *,
+    deadline: float,
+    mutating: bool,
 ) -> Called:
-    """One invocation of ``hook`` on the current object; raises CallingWebhookError on any call error."""
     version = negotiate_version(hook)
     if version is None:  # REV-05
         raise no_known_version_error()
@@ -81,3 +112,30 @@ async def call_backend(
         content_type=reply.content_type,
     )
     return Called(response=response, version=version, backend_uid=backend_uid)
+
+
+def condition_inputs(inbound: InboundReview, plans: Sequence[MatchPlan]) -> ConditionInputs:
+    """CEL's variables for one review (MAT-25), ``request`` read from the decoded review itself.
+
+    Built only when some backend has match conditions: most reviews never evaluate CEL.
+    """
+    if not any(plan.has_conditions for plan in plans):
+        return ConditionInputs()
+    return ConditionInputs(request=inbound.cel_request())
+
+
+def note_conditions(report: DispatchReport, hook: Webhook, decision: MatchDecision) -> None:
+    """MET-07/MAT-30 facts and MAT-26/29 errors of one backend's match conditions, for observability."""
+    facts: ConditionFacts | None = getattr(decision, "conditions", None)
+    if facts is None:
+        return
+    failure = (facts.failure,) if facts.failure is not None else ()
+    report.conditions.append(
+        ConditionRecord(
+            name=hook.name,
+            excluded=facts.excluded,
+            evaluation_errors=facts.evaluation_errors,
+            seconds=facts.evaluation_seconds,
+            errors=tuple((e.name, e.message) for e in (*facts.errors, *failure)),
+        )
+    )

@@ -25,6 +25,8 @@ from typing import Any, Final
 
 import msgspec
 
+from gateway.admission import NestedTooDeeplyError, decode_nested
+
 __all__ = [
     "COPY_SIZE_LIMIT",
     "PatchApplyError",
@@ -103,7 +105,9 @@ def decode_patch(data: bytes) -> list[dict[str, Any]]:
     not checked here. Anything else that is not an array of objects raises ``PatchDecodeError``.
     """
     try:
-        doc = _decoder.decode(data)
+        doc = decode_nested(_decoder, data)  # as deep as upstream's decoder allows
+    except NestedTooDeeplyError as exc:
+        raise PatchDecodeError(str(exc)) from None
     except msgspec.DecodeError as exc:
         raise PatchDecodeError(_go_syntax_error(data, exc)) from None
     if doc is None:

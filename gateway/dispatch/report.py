@@ -63,6 +63,9 @@ class ConditionRecord:
     excluded: bool
     evaluation_errors: int
     seconds: float
+    # (condition name, error text) of every erroring expression, or of a failed evaluation as a whole
+    # (MAT-26/29): logged one line each, naming backend and condition.
+    errors: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(slots=True)

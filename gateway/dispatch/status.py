@@ -13,7 +13,7 @@ from typing import Final
 
 import msgspec
 
-from gateway.admission import Status, StatusCause, StatusDetails
+from gateway.admission import NestedTooDeeplyError, Status, StatusCause, StatusDetails, decode_nested
 
 __all__ = [
     "call_error_status",
@@ -263,8 +263,8 @@ _GO_ESCAPES: Final = {
 def _failure_status(body: bytes) -> _StatusBody | None:
     """The body as a ``kind: Status`` object with ``status: Failure``, or None (ERR-07 override)."""
     try:
-        decoded = _status_decoder.decode(body)
-    except msgspec.DecodeError:
+        decoded = decode_nested(_status_decoder, body)
+    except (msgspec.DecodeError, NestedTooDeeplyError):
         return None
     # Status is registered "unversioned" in upstream's scheme, so any apiVersion decodes as it; the code
     # is an int32 there.

@@ -1,8 +1,9 @@
 """Does this backend apply to this review? Pure, synchronous predicates over ``AdmissionAttributes``.
 
 ``rules`` (MAT-03..08) → ``namespace`` (MAT-11..17) → ``objects`` (MAT-18..20) → ``conditions``
-(MAT-24..30), combined by ``invocation.should_call`` with upstream's precedence (MAT-01/02). The
-dispatcher looks namespace labels up once per review (``namespace_to_look_up``) before matching.
+(MAT-24..30), combined by ``invocation.should_call`` with upstream's precedence (MAT-01/02) over the
+match plans compiled with the Snapshot (``gateway.config.plan``). The dispatcher looks namespace
+labels up once per review (``namespace_to_look_up``) before matching.
 """
 
 from gateway.matching.conditions import ConditionFacts, ConditionInputs, evaluate_conditions
@@ -13,6 +14,7 @@ from gateway.matching.invocation import (
     Refuse,
     Skip,
     decide_all,
+    decide_candidates,
     forbidden,
     forbidden_message,
     is_exempt,
@@ -40,6 +42,7 @@ __all__ = [
     "Refuse",
     "Skip",
     "decide_all",
+    "decide_candidates",
     "evaluate_conditions",
     "forbidden",
     "forbidden_message",

@@ -57,6 +57,7 @@ class ConditionFacts(msgspec.Struct, frozen=True, kw_only=True):
     evaluation_seconds: float = 0.0
     false_condition: str | None = None
     errors: tuple[ConditionError, ...] = ()
+    failure: ConditionError | None = None  # the evaluation failed as a whole (MAT-26/27), for logs
 
 
 class ConditionResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -73,7 +74,17 @@ class _OutOfTime(BaseException):
 
 
 class _InputsUnusableError(Exception):
-    pass
+    """A CEL variable cannot be built from the review: the evaluation fails as a whole (MAT-26)."""
+
+    def __init__(self, variable: str, message: str) -> None:
+        super().__init__(message)
+        self.variable = variable
+        self.message = message
+
+
+# What building CEL values from decoded JSON can raise for input CEL cannot represent: integers
+# outside int64/uint64 (celpy's ``ValueError: overflow``), nesting deeper than Python's recursion.
+_UNUSABLE_INPUT: Final = (ValueError, TypeError, OverflowError, RecursionError)
 
 
 _ENVIRONMENT: Final = celpy.Environment()
@@ -97,32 +108,44 @@ class _BoundedEvaluator(Evaluator):
         return super()._visit_tree(tree)
 
 
+def _unusable(variable: str, exc: BaseException) -> _InputsUnusableError:
+    if isinstance(exc, RecursionError):
+        detail = "nested too deeply for CEL evaluation"
+    elif isinstance(exc, ValueError) and str(exc) == "overflow":
+        detail = "an integer is outside the 64-bit range CEL supports"
+    else:
+        detail = str(exc) or type(exc).__name__
+    return _InputsUnusableError(variable, f"failed to convert {variable} for CEL: {detail}")
+
+
 def _to_cel(raw: msgspec.Raw | None, what: str) -> object:
     if is_null(raw):
         return None
     try:
         return json_to_cel(msgspec.json.decode(raw))  # type: ignore[arg-type]
     except msgspec.DecodeError as exc:
-        raise _InputsUnusableError(f"failed to decode {what}: {exc}") from exc
+        raise _InputsUnusableError(what, f"failed to decode {what}: {exc}") from None
+    except _UNUSABLE_INPUT as exc:
+        raise _unusable(what, exc) from None
 
 
 def request_fields(attrs: AdmissionAttributes) -> dict[str, object]:
-    """MAT-25's ``request`` as JSON-like data, from what ``AdmissionAttributes`` carries (REV-06)."""
-    kind = {"group": attrs.kind.group, "version": attrs.kind.version, "kind": attrs.kind.kind}
-    resource = {
-        "group": attrs.resource.group,
-        "version": attrs.resource.version,
-        "resource": attrs.resource.resource,
-    }
+    """MAT-25's ``request`` from what ``AdmissionAttributes`` carries, for callers without the review.
+
+    The dispatcher passes the inbound review's own ``cel_request()`` instead, which also carries
+    ``userInfo`` and ``options``; both read ``requestKind``/``requestResource``/``requestSubResource``
+    from the request (REV-06/07), never from ``kind``/``resource``.
+    """
+    kind, rkind = attrs.kind, attrs.request_kind
+    res, rres = attrs.resource, attrs.request_resource
     return {
         "uid": attrs.uid,
-        "kind": kind,
-        "resource": resource,
+        "kind": {"group": kind.group, "version": kind.version, "kind": kind.kind},
+        "resource": {"group": res.group, "version": res.version, "resource": res.resource},
         "subResource": attrs.sub_resource,
-        # the gateway never converts (GW-13): what is sent equals what was requested
-        "requestKind": kind,
-        "requestResource": resource,
-        "requestSubResource": attrs.sub_resource,
+        "requestKind": {"group": rkind.group, "version": rkind.version, "kind": rkind.kind},
+        "requestResource": {"group": rres.group, "version": rres.version, "resource": rres.resource},
+        "requestSubResource": attrs.request_sub_resource,
         "name": attrs.name,
         "namespace": attrs.namespace,
         "operation": attrs.operation,
@@ -154,7 +177,8 @@ class ConditionInputs:
     ) -> dict[str, object]:
         """The activation for ``attrs``; objects are decoded only when ``needed`` names them.
 
-        Raises ``_InputsUnusableError`` for an object that is not JSON.
+        Raises ``_InputsUnusableError`` for an input CEL cannot be given (not JSON, an integer outside
+        64 bits, nesting too deep for the interpreter).
         """
         if "object" in needed and (self._object_raw is False or self._object_raw is not attrs.object):
             self._object = _to_cel(attrs.object, "object")
@@ -164,7 +188,10 @@ class ConditionInputs:
             self._old_raw = attrs.old_object
         if self._request is None:
             fields = self._request_override if self._request_override is not None else request_fields(attrs)
-            self._request = json_to_cel(dict(fields))
+            try:
+                self._request = json_to_cel(dict(fields))
+            except _UNUSABLE_INPUT as exc:
+                raise _unusable("request", exc) from None
         return {
             "object": self._object,
             "oldObject": self._old,
@@ -243,6 +270,7 @@ def evaluate_conditions(
     deadline = started + time_limit_seconds
     outcomes: list[bool | str] = []
     whole_failure: str | None = None
+    failed_condition = ""
     try:
         # decoding an 8 KB object for CEL costs ~1 ms: only do it when an expression names it
         needed = frozenset().union(*(c.variables for c in conditions if c.error is None))
@@ -251,17 +279,26 @@ def evaluate_conditions(
             outcomes.append(_evaluate_one(condition, variables, deadline, clock))
     except _OutOfTime:
         whole_failure = OUT_OF_BUDGET
+        failed_condition = conditions[min(len(outcomes), len(conditions) - 1)].name
     except _InputsUnusableError as exc:
-        whole_failure = str(exc)
+        whole_failure = exc.message
+        # the first condition that reads the unusable variable (every one does for ``request``)
+        readers = [c.name for c in conditions if exc.variable in c.variables]
+        failed_condition = readers[0] if readers else conditions[0].name
     seconds = max(0.0, clock() - started)
 
     if whole_failure is not None:
         # MAT-26: individual results are discarded; MAT-30: not an evaluation error
+        failure = ConditionError(name=failed_condition, message=whole_failure)
         if failure_policy == "Fail":
             return ConditionResult(
-                matches=False, error=whole_failure, facts=ConditionFacts(evaluation_seconds=seconds)
+                matches=False,
+                error=whole_failure,
+                facts=ConditionFacts(evaluation_seconds=seconds, failure=failure),
             )
-        return ConditionResult(matches=False, facts=ConditionFacts(excluded=True, evaluation_seconds=seconds))
+        return ConditionResult(
+            matches=False, facts=ConditionFacts(excluded=True, evaluation_seconds=seconds, failure=failure)
+        )
 
     errors = tuple(
         ConditionError(name=c.name, message=o)

@@ -7,19 +7,22 @@ count only when the rules match, the namespaceSelector's before the objectSelect
 
 Whole-review errors (404/500/403 of MAT-16/17/23/28) are *returned* as ``Refuse(error)`` values, never
 raised: the dispatcher decides in configuration order which one answers the review (VAL-01, MUT-02).
+
+Backends come as ``MatchPlan``s compiled with the Snapshot (``gateway.config.plan``);
+``decide_candidates`` looks only at the plans whose rules can match (the Snapshot's index).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Final, Literal, TypeAlias
 
 import msgspec
 
 from gateway.admission import AdmissionAttributes, GroupVersionResource, Status, StatusCause, StatusDetails
 from gateway.config.model import Webhook
-from gateway.config.selectors import LabelSelector
+from gateway.config.plan import MatchPlan, PlanSet, is_cluster_scoped
 from gateway.errors import CallingWebhookError, MatchingError
 from gateway.matching.conditions import (
     DEFAULT_TIME_LIMIT_SECONDS,
@@ -35,7 +38,6 @@ from gateway.matching.namespace import (
     resolve_namespace_labels,
 )
 from gateway.matching.objects import name_for_message
-from gateway.matching.rules import rules_matcher, shape_key
 
 Equivalents: TypeAlias = Mapping[GroupVersionResource, Iterable[GroupVersionResource]]
 """MAT-10: for a GVR, the GVRs that share its storage (the configured equivalence table)."""
@@ -96,80 +98,22 @@ def equivalent_match_error(
     )
 
 
-LabelPredicate: TypeAlias = Callable[[Mapping[str, str]], bool]
-
-
-def _label_predicate(selector: LabelSelector) -> LabelPredicate | None:
-    """A selector as the cheapest equivalent callable; None for ``{}`` (MAT-22)."""
-    requirements = selector.requirements
-    if not requirements:
-        return None
-    if len(requirements) == 1:
-        only = requirements[0]
-        if only.operator == "In" and len(only.values) == 1:
-            # the common ``matchLabels: {k: v}`` case
-            key, (value,) = only.key, tuple(only.values)
-            return lambda labels: labels.get(key) == value
-        return only.matches
-    return selector.matches
-
-
-class _Plan:
-    """One backend, prepared once: compiled rules and selectors, prebuilt errors and decisions."""
-
-    __slots__ = (
-        "call",
-        "has_conditions",
-        "hook",
-        "namespace",
-        "namespace_error",
-        "object",
-        "object_error",
-        "rules",
-        "simple",
-    )
-
-    def __init__(self, hook: Webhook) -> None:
-        self.hook = hook
-        self.rules = rules_matcher(hook.rules)
-        ns, obj = hook.namespace_selector, hook.object_selector
-        self.namespace = _label_predicate(ns)
-        self.namespace_error = None if ns.error is None else internal_error(ns.error)
-        self.object = _label_predicate(obj)
-        self.object_error = None if obj.error is None else internal_error(obj.error)
-        self.has_conditions = bool(hook.match_conditions)
-        self.call = Call(hook)
-        self.simple = (
-            self.namespace is None
-            and self.namespace_error is None
-            and self.object is None
-            and self.object_error is None
-            and not self.has_conditions
-        )
-
-
-# Identity-keyed for the same reason as ``rules._matchers``: hashing a Webhook costs more than matching.
-_plans: dict[int, _Plan] = {}
-_PLAN_LIMIT: Final = 8192
-
-
-def _plan(hook: Webhook) -> _Plan:
-    plan = _plans.get(id(hook))
-    if plan is None or plan.hook is not hook:
-        if len(_plans) >= _PLAN_LIMIT:
-            _plans.clear()
-        plan = _Plan(hook)
-        _plans[id(hook)] = plan
-    return plan
-
-
 _UNRESOLVED: Final = object()
 
 
 class _Review:
     """Per-review work shared by all backends: the rules shape key, namespace labels, CEL inputs."""
 
-    __slots__ = ("_namespace", "attrs", "clock", "equivalents", "inputs", "key", "looked_up", "time_limit")
+    __slots__ = (
+        "_namespace",
+        "attrs",
+        "clock",
+        "cluster",
+        "equivalents",
+        "inputs",
+        "looked_up",
+        "time_limit",
+    )
 
     def __init__(
         self,
@@ -182,7 +126,7 @@ class _Review:
         clock: Clock,
     ) -> None:
         self.attrs = attrs
-        self.key = shape_key(attrs)
+        self.cluster = is_cluster_scoped(attrs.resource, attrs.namespace)  # MAT-08, once per review
         self.looked_up = looked_up
         self.equivalents = equivalents
         self.inputs = inputs
@@ -203,10 +147,11 @@ class _Review:
 
 
 def should_call(
-    hook: Webhook,
+    hook: Webhook | MatchPlan,
     attrs: AdmissionAttributes,
     namespace_labels: NamespaceLabels | None,
     *,
+    direct: bool | None = None,
     equivalents: Equivalents | None = None,
     inputs: ConditionInputs | None = None,
     time_limit_seconds: float = DEFAULT_TIME_LIMIT_SECONDS,
@@ -214,6 +159,8 @@ def should_call(
 ) -> MatchDecision:
     """Decide whether ``hook`` applies to ``attrs`` (MAT-01..30).
 
+    ``hook`` is a compiled plan (from the Snapshot) or a bare webhook (compiled here, for tests);
+    ``direct`` is whether its rules match, when the caller already knows (``PlanSet.candidates``).
     ``namespace_labels`` is the dispatcher's lookup of ``namespace_to_look_up(attrs)``; ``inputs``
     shares decoded CEL variables across the backends of one review (made here when omitted).
     """
@@ -225,11 +172,11 @@ def should_call(
         time_limit=time_limit_seconds,
         clock=clock,
     )
-    return _decide(_plan(hook), review)
+    return _decide(hook if isinstance(hook, MatchPlan) else MatchPlan(hook), review, direct)
 
 
 def decide_all(
-    hooks: Iterable[Webhook],
+    hooks: Iterable[Webhook | MatchPlan],
     attrs: AdmissionAttributes,
     namespace_labels: NamespaceLabels | None,
     *,
@@ -238,7 +185,11 @@ def decide_all(
     time_limit_seconds: float = DEFAULT_TIME_LIMIT_SECONDS,
     clock: Clock = time.perf_counter,
 ) -> list[MatchDecision]:
-    """``should_call`` for every backend, in order, sharing the per-review work (VAL-01)."""
+    """``should_call`` for every backend, in order, sharing the per-review work (VAL-01).
+
+    Given a ``PlanSet``, only its ``candidates(attrs)`` are decided and the rest skip by rules
+    without being looked at (their decisions are the shared ``Skip("rules")``).
+    """
     review = _Review(
         attrs,
         looked_up=namespace_labels,
@@ -247,13 +198,46 @@ def decide_all(
         time_limit=time_limit_seconds,
         clock=clock,
     )
-    return [_decide(_plan(hook), review) for hook in hooks]
+    if isinstance(hooks, PlanSet):
+        decided = {id(plan): _decide(plan, review, direct) for plan, direct in hooks.candidates(attrs)}
+        return [decided.get(id(plan), _SKIP_RULES) for plan in hooks.plans]
+    return [_decide(h if isinstance(h, MatchPlan) else MatchPlan(h), review) for h in hooks]
 
 
-def _decide(plan: _Plan, review: _Review) -> MatchDecision:
+def decide_candidates(
+    plans: PlanSet,
+    attrs: AdmissionAttributes,
+    namespace_labels: NamespaceLabels | None,
+    *,
+    equivalents: Equivalents | None = None,
+    inputs: ConditionInputs | None = None,
+    time_limit_seconds: float = DEFAULT_TIME_LIMIT_SECONDS,
+    clock: Clock = time.perf_counter,
+) -> list[tuple[MatchPlan, MatchDecision]]:
+    """The decisions of the backends whose rules could match, in order; every other one skips.
+
+    What the validating dispatcher runs: the cost follows the number of candidates, not of backends.
+    """
+    review = _Review(
+        attrs,
+        looked_up=namespace_labels,
+        equivalents=equivalents,
+        inputs=inputs,
+        time_limit=time_limit_seconds,
+        clock=clock,
+    )
+    return [(plan, _decide(plan, review, direct)) for plan, direct in plans.candidates(attrs)]
+
+
+def _decide(plan: MatchPlan, review: _Review, direct: bool | None = None) -> MatchDecision:
+    """One backend's decision; ``direct`` is whether its rules match (None: find out here)."""
     attrs = review.attrs
     via: GroupVersionResource | None = None
-    if not plan.rules.matches_key(review.key, attrs):
+    if direct is None:
+        direct = plan.rules.matches_scoped(
+            attrs.operation, attrs.resource, attrs.sub_resource, review.cluster
+        )
+    if not direct:
         equivalents = review.equivalents
         if equivalents is None or plan.hook.match_policy != "Equivalent":
             return _SKIP_RULES
@@ -262,7 +246,7 @@ def _decide(plan: _Plan, review: _Review) -> MatchDecision:
         if via is None:
             return _SKIP_RULES
     elif plan.simple:
-        return plan.call
+        return Call(plan.hook)
 
     # The rules match: the selectors decide now, with upstream's precedence (MAT-02). A clean "no"
     # from either selector skips; otherwise the namespaceSelector's error, then the objectSelector's.
@@ -272,13 +256,13 @@ def _decide(plan: _Plan, review: _Review) -> MatchDecision:
         labels = review.namespace_labels()
         if labels is not None:  # None: exempt (MAT-11)
             if plan.namespace_error is not None:
-                pending = plan.namespace_error
+                pending = internal_error(plan.namespace_error)
             elif isinstance(labels, MatchingError):
                 pending = labels
             elif plan.namespace is not None and not plan.namespace(labels):
                 return _SKIP_NAMESPACE
     if plan.object_error is not None:
-        pending = pending or plan.object_error
+        pending = pending or internal_error(plan.object_error)
     elif plan.object is not None:
         # upstream: predicates/object/matcher.go MatchObjectSelector (object or oldObject)
         new = attrs.object_labels()
@@ -295,7 +279,7 @@ def _decide(plan: _Plan, review: _Review) -> MatchDecision:
         return CallFailure(plan.hook, equivalent_match_error(attrs.resource, via))
 
     if not plan.has_conditions:
-        return plan.call
+        return Call(plan.hook)
     hook = plan.hook
     if review.inputs is None:
         review.inputs = ConditionInputs()

@@ -15,9 +15,9 @@ import msgspec
 
 from gateway.admission import AdmissionAttributes
 from gateway.config.model import Webhook
+from gateway.config.plan import MatchPlan
 from gateway.config.selectors import LabelSelector
 from gateway.errors import MatchingError
-from gateway.matching.rules import rules_matcher
 
 
 class NamespaceNotFound(msgspec.Struct, frozen=True):
@@ -84,19 +84,22 @@ def _name_to_look_up(attrs: AdmissionAttributes) -> str:
     return attrs.namespace
 
 
-def namespace_to_look_up(attrs: AdmissionAttributes, hooks: Iterable[Webhook] | None = None) -> str | None:
+def namespace_to_look_up(
+    attrs: AdmissionAttributes, hooks: Iterable[Webhook | MatchPlan] | None = None
+) -> str | None:
     """The namespace whose stored labels matching will need, or None when no lookup is needed.
 
     None for cluster-scoped non-Namespace requests (MAT-11) and when the review carries the labels
-    itself (MAT-13, MAT-15). With ``hooks``, also None unless one of them has a non-empty
-    namespaceSelector (MAT-12) and rules matching this review (its selector result could matter).
+    itself (MAT-13, MAT-15). With ``hooks`` (webhooks or their compiled plans), also None unless one
+    of them has a non-empty namespaceSelector (MAT-12) and rules matching this review (its selector
+    result could matter).
     """
     if is_exempt_from_namespace_selector(attrs) or _labels_from_request(attrs) is not None:
         return None
-    if hooks is not None and not any(
-        not hook.namespace_selector.is_empty and rules_matcher(hook.rules).matches(attrs) for hook in hooks
-    ):
-        return None
+    if hooks is not None:
+        plans = (h if isinstance(h, MatchPlan) else MatchPlan(h) for h in hooks)
+        if not any(plan.needs_namespace and plan.rules.matches(attrs) for plan in plans):
+            return None
     return _name_to_look_up(attrs)
 
 

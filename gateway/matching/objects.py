@@ -11,7 +11,7 @@ from typing import Final
 
 import msgspec
 
-from gateway.admission import AdmissionAttributes, is_null
+from gateway.admission import AdmissionAttributes, NestedTooDeeplyError, decode_nested, is_null
 from gateway.config.selectors import LabelSelector
 from gateway.errors import MatchingError
 from gateway.matching.namespace import internal_error
@@ -59,8 +59,8 @@ def name_for_message(attrs: AdmissionAttributes) -> str:
     if raw is None or is_null(raw):
         return "Unknown"
     try:
-        doc = _names_decoder.decode(raw)
-    except msgspec.DecodeError:
+        doc = decode_nested(_names_decoder, raw)
+    except (msgspec.DecodeError, NestedTooDeeplyError):
         return "Unknown/errorGettingName"
     if doc is None or doc.metadata is None:
         return "Unknown/errorGettingName"

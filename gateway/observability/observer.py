@@ -94,6 +94,17 @@ class Observability:
                         log.warning(
                             "backend failed open", **failed_open_fields(endpoint, uid, record, trace_id)
                         )
+            if report is not None and report.conditions:
+                for condition in report.conditions:
+                    for name, message in condition.errors:  # MAT-26/29: backend and condition named
+                        log.warning(
+                            "match condition failed",
+                            uid=inbound.uid if inbound is not None else "",
+                            endpoint=endpoint,
+                            webhook=condition.name,
+                            condition=name,
+                            error=message,
+                        )
             if report is not None and report.dropped:
                 log.warning(
                     "review entries dropped",

@@ -1,8 +1,9 @@
 """The AdmissionReview wire format (spec §4): pure codec, no I/O.
 
-``inbound`` decodes the caller's review and encodes the gateway's answer; ``codec`` negotiates the
-version for a backend, encodes its request and decodes and verifies its reply; ``types`` holds the
-Structs of both versions.
+``inbound`` decodes the caller's review (once) into the ``view`` every later stage reads and encodes
+the gateway's answer; ``codec`` negotiates the version for a backend, encodes its request from the
+view and decodes and verifies its reply; ``types`` holds the Structs of both versions. Layering:
+``types`` ← ``view`` ← {``inbound``, ``codec``}; ``inbound`` and ``codec`` never import each other.
 """
 
 from gateway.review.codec import (
@@ -18,14 +19,13 @@ from gateway.review.codec import (
     no_known_version_error,
 )
 from gateway.review.inbound import (
-    JSON_PATCH,
-    InboundReview,
     decode_inbound,
     encode_bad_request_status,
     encode_reply,
     encode_status,
 )
-from gateway.review.types import ReviewVersion
+from gateway.review.types import JSON_PATCH, ReviewVersion
+from gateway.review.view import InboundReview
 
 __all__ = [
     "JSON_PATCH",

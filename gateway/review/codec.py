@@ -17,17 +17,11 @@ from typing import Final
 
 import msgspec
 
-from gateway.admission import NULL, Status
+from gateway.admission import NULL, NestedTooDeeplyError, Status, decode_nested
 from gateway.config.model import Webhook
 from gateway.errors import CallingWebhookError
-from gateway.review.inbound import JSON_PATCH, InboundReview
-from gateway.review.types import (
-    KIND,
-    BackendReply,
-    RequestHeader,
-    ReviewVersion,
-    api_version,
-)
+from gateway.review.types import JSON_PATCH, KIND, BackendReply, ReviewVersion, api_version
+from gateway.review.view import InboundReview
 
 NO_KNOWN_VERSION_REASON: Final = (
     "could not create admission objects: webhook does not accept known AdmissionReview versions (v1, v1beta1)"
@@ -75,46 +69,6 @@ _HEADS: Final[dict[str, bytes]] = {
 _OBJECT_KEY: Final = b',"object":'
 
 
-class _RequestTemplate:
-    """The bytes of a backend request that never change within one inbound review.
-
-    A request is ``head(version) + uid + middle + ',"object":' + object + suffix``: only the uid and
-    the current object vary per call, and v1/v1beta1 differ only in the head. Joining five byte strings
-    is cheaper than building and encoding a Struct per call, and the object is copied exactly once.
-    """
-
-    __slots__ = ("middle", "suffix")
-
-    def __init__(self, inbound: InboundReview) -> None:
-        req = inbound.request
-        header = _encoder.encode(
-            RequestHeader(
-                kind=req.kind,
-                resource=req.resource,
-                sub_resource=req.sub_resource,
-                request_kind=req.request_kind,
-                request_resource=req.request_resource,
-                request_sub_resource=req.request_sub_resource or "",
-                name=req.name,
-                namespace=req.namespace,
-                operation=req.operation,
-                user_info=req.user_info,
-            )
-        )
-        self.middle = b"," + header[1:-1]  # the members of the object, without its braces
-        self.suffix = b"".join(
-            (
-                b',"oldObject":',
-                req.old_object,
-                b',"dryRun":',
-                b"true" if req.dry_run else b"false",  # always present (REV-06)
-                b',"options":',
-                req.options,
-                b"}}",
-            )
-        )
-
-
 def encode_backend_request(
     inbound: InboundReview,
     *,
@@ -128,9 +82,7 @@ def encode_backend_request(
     for null) in the negotiated ``version``; every other member is copied unchanged, ``dryRun``
     always present. The object's bytes are spliced in, never re-decoded.
     """
-    template = inbound._template  # the cache slot InboundReview keeps for us
-    if template is None:
-        template = inbound._template = _RequestTemplate(inbound)
+    template = inbound.template
     return b"".join(
         (
             _HEADS[version],
@@ -212,8 +164,8 @@ def decode_backend_response(
             f"0-length response with status code: {status_code} and content type: {content_type}"
         )
     try:
-        reply = _reply_decoder.decode(body)
-    except msgspec.DecodeError as exc:
+        reply = decode_nested(_reply_decoder, body)  # as deep as upstream's decoder allows
+    except (msgspec.DecodeError, NestedTooDeeplyError) as exc:
         raise _decode_error(str(exc)) from None
     if reply is None:  # a JSON null decodes into an empty review upstream
         reply = _EMPTY_REPLY

@@ -10,55 +10,50 @@ version with the inbound uid (REV-02), in a shape the caller's strict v1 verific
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 import msgspec
 
-from gateway.admission import OPERATIONS, AdmissionAttributes, Status
+from gateway.admission import OPERATIONS, AdmissionAttributes, NestedTooDeeplyError, Status, decode_nested
 from gateway.errors import BadReview
 from gateway.review.types import (
     API_VERSIONS,
+    JSON_PATCH,
     KIND,
     InboundEnvelope,
-    InboundRequest,
     MetaStatus,
     Reply,
     ReplyResponse,
-    ReviewVersion,
 )
+from gateway.review.view import InboundReview
 
-if TYPE_CHECKING:
-    from gateway.review.codec import _RequestTemplate
+__all__ = [
+    "JSON_PATCH",
+    "InboundReview",
+    "decode_inbound",
+    "encode_bad_request_status",
+    "encode_reply",
+    "encode_status",
+]
 
 _inbound_decoder: Final = msgspec.json.Decoder(InboundEnvelope)
 _encoder: Final = msgspec.json.Encoder()
 
-JSON_PATCH: Final = "JSONPatch"
 _OPERATIONS_TEXT: Final = "CREATE, UPDATE, DELETE, CONNECT"
 _OPEN_BRACE: Final = ord("{")
 _N: Final = ord("n")
 
 
-class InboundReview:
-    """One decoded, validated inbound AdmissionReview (immutable by convention).
-
-    ``api_version`` is the full inbound apiVersion and ``version`` its short form; ``request`` is the
-    request as received (objects Raw); ``attributes`` is what matching and dispatch read.
-    """
-
-    __slots__ = ("_template", "api_version", "attributes", "request", "uid", "version")
-
-    def __init__(self, *, api_version: str, request: InboundRequest, attributes: AdmissionAttributes) -> None:
-        self.api_version = api_version
-        self.version: ReviewVersion = API_VERSIONS[api_version]
-        self.uid = request.uid
-        self.request = request
-        self.attributes = attributes
-        # The unchanging bytes of every backend request of this review, built on first use (codec).
-        self._template: _RequestTemplate | None = None
-
-    def __repr__(self) -> str:
-        return f"<InboundReview {self.api_version} {self.attributes!r}>"
+def _check_utf8(body: bytes) -> None:
+    """REV-01: JSON text is UTF-8. Checked for the whole body, because objects are forwarded as bytes."""
+    if body.isascii():  # nearly every review: no copy, no decode
+        return
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        byte, offset = body[exc.start], exc.start
+        detail = f"{exc.reason} (byte 0x{byte:02x} at offset {offset})"
+        raise BadReview(f"request body is not valid UTF-8: {detail}") from None
 
 
 def _object_or_null(doc: msgspec.Raw, field: str) -> msgspec.Raw | None:
@@ -77,8 +72,13 @@ def decode_inbound(body: bytes) -> InboundReview:
 
     Raises ``BadReview`` with a message saying what is wrong; nothing is called for such a review.
     """
+    _check_utf8(body)
     try:
-        envelope = _inbound_decoder.decode(body)
+        # Objects stay undecoded bytes (Raw), but msgspec still walks them: as deep as the
+        # apiserver's decoder allows (10,000 levels) is decided like any other review.
+        envelope = decode_nested(_inbound_decoder, body)
+    except NestedTooDeeplyError as exc:
+        raise BadReview(f"request body is not acceptable: {exc}") from None
     except msgspec.DecodeError as exc:
         # ValidationError (a subclass) names the JSON path:
         # "Expected `str`, got `int` - at `$.request.name`".
@@ -127,6 +127,9 @@ def decode_inbound(body: bytes) -> InboundReview:
         object=obj,
         old_object=old,
         dry_run=bool(request.dry_run),
+        request_kind=request.request_kind,
+        request_resource=request.request_resource,
+        request_sub_resource=request.request_sub_resource,
     )
     return InboundReview(api_version=envelope.api_version, request=request, attributes=attributes)
 

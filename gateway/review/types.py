@@ -18,6 +18,7 @@ from gateway.admission import NULL, GroupVersionKind, GroupVersionResource, Stat
 
 ReviewVersion = Literal["v1", "v1beta1"]
 
+JSON_PATCH: Final = "JSONPatch"
 GROUP: Final = "admission.k8s.io"
 KIND: Final = "AdmissionReview"
 API_VERSIONS: Final[dict[str, ReviewVersion]] = {

@@ -1,0 +1,254 @@
+"""The mutating driver (MUT-01..25): the serial chain with at most one reinvocation round, then settle.
+
+A thin loop over I/O: for each backend in effective order, match against the current object, call,
+and turn the reply into an ``Outcome`` with the pure ``ChainObject.apply`` (MUT-04..12); the chain
+stops at the first outcome whose ``Effect`` denies (MUT-13/14, FPT-09). ``outcome.settle`` builds
+the verdict, annotations and report from the outcomes once. No exception steers the chain.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import trio
+
+from gateway.admission import AdmissionAttributes, decode_nested, is_null, nesting_allowed
+from gateway.config.model import Webhook
+from gateway.config.plan import PlanSet
+from gateway.dispatch import jsonpatch, status
+from gateway.dispatch.invoke import (
+    Backends,
+    Called,
+    call_backend,
+    condition_inputs,
+    deadline_exceeded,
+    note_conditions,
+)
+from gateway.dispatch.outcome import (
+    SIDE_EFFECTS_REFUSED_ON_DRY_RUN,
+    Allowed,
+    CallFailed,
+    DispatchSettings,
+    DryRunRefused,
+    Invocation,
+    MatchRefused,
+    Outcome,
+    PatchFailed,
+    PatchMode,
+    Rejected,
+    Verdict,
+    apply_failure_policy,
+    not_enforced,
+    settle,
+)
+from gateway.dispatch.reinvocation import ReinvocationState
+from gateway.dispatch.report import DispatchReport
+from gateway.errors import CallingWebhookError
+from gateway.matching import Call, CallFailure, NamespaceLabels, Refuse, should_call
+from gateway.review import JSON_PATCH, InboundReview
+
+_encode = msgspec.json.Encoder().encode
+_decoder = msgspec.json.Decoder()
+
+
+class ChainObject:
+    """The object as the chain has patched it so far (pure; one per review).
+
+    The inbound object is decoded lazily, only when the first patch arrives; ``attrs`` always
+    carries the current object for matching and the next call.
+    """
+
+    __slots__ = ("attrs", "doc", "inbound_doc", "patches")
+
+    def __init__(self, attrs: AdmissionAttributes) -> None:
+        self.attrs = attrs
+        self.inbound_doc: Any = None
+        self.doc: Any = None
+        self.patches: list[bytes] = []
+
+    def apply(self, hook: Webhook, called: Called, at: Invocation) -> Outcome:
+        """REV-11 / MUT-04..13: what a verified reply does to the chain."""
+        resp = called.response
+        if not resp.allowed:  # MUT-13
+            return Rejected(at, resp, status.rejection_status(hook.name, resp.status))
+        if resp.patch is None:
+            return Allowed(at, resp)
+        if called.version == "v1" and resp.patch_type != JSON_PATCH:  # MUT-05
+            error = CallingWebhookError(
+                f'unsupported patch type "{resp.patch_type}"', status_code=400, kind="bad_response"
+            )
+            return CallFailed(at, error, resp)
+        try:
+            ops = jsonpatch.decode_patch(resp.patch)
+        except jsonpatch.PatchDecodeError as exc:  # MUT-04
+            error = CallingWebhookError(
+                f"received undecodable patch in webhook response: {exc}", status_code=503, kind="bad_response"
+            )
+            return CallFailed(at, error, resp)
+        if not ops:
+            return Allowed(at, resp)
+        try:
+            return self._apply(hook, ops, resp.patch, at, resp)
+        except RecursionError:
+            pass
+        # An object nested deeper than Python's default recursion allows (up to the apiserver's
+        # 10,000 levels): patched like any other; deeper still is refused, never a crash.
+        with nesting_allowed():
+            try:
+                return self._apply(hook, ops, resp.patch, at, resp)
+            except RecursionError:
+                st = status.patch_failure_status(hook.name, "the object is nested too deeply to patch")
+                return PatchFailed(at, resp, st)
+
+    def _apply(self, hook: Webhook, ops: list[Any], raw: bytes, at: Invocation, resp: Any) -> Outcome:
+        """MUT-06..12: apply all-or-nothing to the current object; internal errors deny with 500."""
+        if is_null(self.attrs.object):  # MUT-06: DELETE carries no object to modify
+            return PatchFailed(at, resp, status.patch_on_delete_status(hook.name))
+        if self.doc is None:
+            self.inbound_doc = decode_nested(_decoder, self.attrs.object)  # type: ignore[arg-type]
+            self.doc = self.inbound_doc
+        # Nothing below changes the chain until the very end, so a RecursionError can be retried.
+        before = self.doc
+        try:
+            after = jsonpatch.apply_patch(before, ops)
+        except jsonpatch.PatchApplyError as exc:  # MUT-07
+            return PatchFailed(at, resp, status.patch_failure_status(hook.name, str(exc)))
+        if not isinstance(after, dict):  # MUT-09
+            st = status.not_an_object_status(hook.name, f"patched object is a {type(after).__name__}")
+            return PatchFailed(at, resp, st)
+        if (after.get("apiVersion"), after.get("kind")) != (before.get("apiVersion"), before.get("kind")):
+            st = status.changed_kind_status(  # MUT-10
+                hook.name,
+                str(before.get("apiVersion", "")),
+                str(before.get("kind", "")),
+                str(after.get("apiVersion", "")),
+                str(after.get("kind", "")),
+            )
+            return PatchFailed(at, resp, st)
+        changed = not jsonpatch.json_equal(before, after)
+        if changed:
+            attrs = self.attrs.with_object(msgspec.Raw(_encode(after)))
+            self.doc, self.attrs = after, attrs
+        self.patches.append(raw)
+        return Allowed(at, resp, mutated=changed, patch=ops)
+
+    def combined_patch(self, mode: PatchMode) -> bytes | None:
+        """MUT-22..24: one patch from the inbound object to the final one, or None if equal."""
+        if not self.patches or self.doc is None:
+            return None
+        try:
+            return self._combined(mode)
+        except RecursionError:
+            pass
+        with nesting_allowed():  # a deeply nested object (see ``apply``)
+            return self._combined(mode)
+
+    def _combined(self, mode: PatchMode) -> bytes | None:
+        if jsonpatch.json_equal(self.inbound_doc, self.doc):
+            return None
+        if mode == "diff":
+            return _encode(jsonpatch.diff_patch(self.inbound_doc, self.doc))
+        return jsonpatch.concat_patches(self.patches)
+
+
+async def mutate(
+    backends: Backends,
+    settings: DispatchSettings,
+    inbound: InboundReview,
+    plans: PlanSet,
+    *,
+    namespace: NamespaceLabels | None,
+    report: DispatchReport,
+    deadline: float,
+) -> Verdict:
+    """MUT-01..25 for one review whose namespace labels were looked up (``namespace``)."""
+    chain = ChainObject(inbound.attributes)
+    # Rules read only operation and resource, which no patch changes: the candidates are fixed.
+    candidates = plans.candidates(chain.attrs)
+    inputs = condition_inputs(inbound, [plan for plan, _ in candidates])
+    state = ReinvocationState()
+    outcomes: list[Outcome] = []
+    for round_ in (0, 1):
+        if round_ == 1 and not state.should_run_round_1:
+            break
+        for plan, direct in candidates:
+            hook = plan.hook
+            if round_ == 1 and not state.should_reinvoke(hook.identity):
+                continue  # MUT-16/17: only backends in R, and only those invoked in round 0
+            decision = should_call(
+                plan, chain.attrs, namespace, direct=direct, equivalents=settings.equivalents, inputs=inputs
+            )
+            note_conditions(report, hook, decision)
+            if isinstance(decision, Refuse):  # MUT-02: answers the review, earlier patches discarded
+                outcomes.append(MatchRefused(hook, decision.error))
+                return settle("mutating", report, outcomes, settings)
+            if not isinstance(decision, Call | CallFailure):
+                continue
+            report.matched += 1
+            if round_ == 1:
+                report.reinvoked.append(hook.name)
+            pre_error = decision.error if isinstance(decision, CallFailure) else None
+            outcome = await _invoke(
+                backends,
+                hook,
+                inbound,
+                chain,
+                pre_error=pre_error,
+                round_=round_,
+                report=report,
+                deadline=deadline,
+            )
+            outcomes.append(outcome)
+            if apply_failure_policy(outcome, hook.failure_policy).denies:
+                return settle("mutating", report, outcomes, settings)  # MUT-13/14, FPT-09, MUT-06..10
+            changed = isinstance(outcome, Allowed) and outcome.mutated
+            state.record(hook.identity, if_needed=hook.reinvocation_policy == "IfNeeded", changed=changed)
+    try:
+        patch = chain.combined_patch(settings.patch_mode)
+    except RecursionError:  # beyond even the raised limit: the ops as the backends sent them
+        patch = jsonpatch.concat_patches(chain.patches)
+    return settle("mutating", report, outcomes, settings, patch=patch)
+
+
+async def _invoke(
+    backends: Backends,
+    hook: Webhook,
+    inbound: InboundReview,
+    chain: ChainObject,
+    *,
+    pre_error: CallingWebhookError | None,
+    round_: int,
+    report: DispatchReport,
+    deadline: float,
+) -> Outcome:
+    """MUT-01: dry-run check, call, and what the reply does to the chain (REV-11)."""
+    if chain.attrs.dry_run and hook.side_effects in SIDE_EFFECTS_REFUSED_ON_DRY_RUN:  # FPT-09
+        return DryRunRefused(Invocation(hook, round=round_), status.dry_run_status(hook.name))
+    clock = backends.clock
+    started = clock()
+    error = pre_error
+    if error is None and trio.current_time() >= deadline:  # FPT-08: the budget ran out before the call
+        report.deadline_exhausted = True
+        error = deadline_exceeded(backends.caller, hook)
+    if error is None:
+        error = backends.policy.admit(hook)  # the backend policy seam (see gateway.dispatch.outcome)
+    if error is not None:
+        return CallFailed(Invocation(hook, round=round_, seconds=clock() - started), error)
+    called = await call_backend(backends.caller, hook, inbound, chain.attrs, deadline=deadline, mutating=True)
+    outcome: Outcome
+    if isinstance(called, CallingWebhookError):
+        outcome = CallFailed(Invocation(hook, round=round_, seconds=clock() - started), called)
+    else:
+        at = Invocation(
+            hook,
+            round=round_,
+            seconds=clock() - started,
+            version=called.version,
+            backend_uid=called.backend_uid,
+        )
+        outcome = chain.apply(hook, called, at)
+    backends.policy.settled(hook, outcome)
+    if not backends.policy.enforced(hook):  # a rollout mode: recorded, never denying
+        outcome = not_enforced(outcome)
+    return outcome

@@ -1,0 +1,412 @@
+"""Deciding apart from recording: every backend invocation ends as a value, decided and recorded once.
+
+The drivers (``validating``, ``mutating``) do the I/O and turn each backend invocation into an
+``Outcome``. Everything after that is pure and lives here:
+
+- ``apply_failure_policy(outcome, policy)`` → ``Effect``: the one place where ``failurePolicy``
+  (FPT-01..03), dry-run refusal (FPT-09) and internal errors (MUT-06..10, ERR-08) become allow /
+  deny / fail open. Both drivers call it; the mutating chain stops at the first deny.
+- ``settle(...)`` builds the ``Verdict`` from the list of outcomes: the reply (allowed, status, patch),
+  the audit annotations (AUD-04..06) and warnings (AUD-07), and the ``DispatchReport`` that metrics
+  and the review log line read (MET-02..06).
+
+Backend policy seam (circuit breaker, bulkhead, rollout modes): a ``BackendPolicy`` is asked
+``admit(hook)`` by the drivers before a call; a refusal is returned as the ``CallingWebhookError``
+the call would have failed with, so it becomes a ``CallFailed`` outcome governed by the backend's
+``failurePolicy`` like any other call error. After the invocation the driver hands the outcome to
+``settled(hook, outcome)`` (the breaker's bookkeeping). A rollout mode (Warn/Shadow) answers
+``enforced(hook)`` False: the driver marks the outcome (``not_enforced``), ``apply_failure_policy``
+then returns an ``Effect`` with ``enforced=False``, and ``settle`` records it (report, annotations)
+without letting it deny.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, Protocol, TypeAlias
+
+import msgspec
+
+from gateway.admission import Status
+from gateway.config.model import FailurePolicy, Webhook
+from gateway.dispatch import status as statuses
+from gateway.dispatch.annotations import (
+    AuditAnnotations,
+    Warnings,
+    failed_open_key,
+    mutation_key,
+    mutation_value,
+    patch_key,
+)
+from gateway.dispatch.report import DispatchReport, InvocationOutcome, InvocationRecord
+from gateway.errors import CallingWebhookError, MatchingError
+from gateway.matching import matching_error_status
+from gateway.review import BackendResponse
+
+_encode = msgspec.json.Encoder().encode
+
+Kind = Literal["validating", "mutating"]
+
+SIDE_EFFECTS_REFUSED_ON_DRY_RUN: Final = ("Unknown", "Some")
+"""FPT-09: backends with these sideEffects are not called in a dry-run review."""
+
+
+# --- outcomes: how one backend invocation ended ----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Invocation:
+    """Who was invoked, in which round, and the facts of the call (for records and logs)."""
+
+    hook: Webhook
+    round: int = 0
+    seconds: float = 0.0
+    version: str = ""
+    backend_uid: str = ""
+    position: int = 0  # validating: place among the called backends (the failed-open annotation index)
+    enforced: bool = True  # False: a rollout mode records this outcome without letting it deny
+
+
+@dataclass(frozen=True, slots=True)
+class Allowed:
+    """A verified reply that allowed; for mutating backends ``mutated`` says if its patch changed
+    the object, and ``patch`` holds the ops applied (for ``auditPatches``)."""
+
+    at: Invocation
+    response: BackendResponse
+    mutated: bool = False
+    patch: list[Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A verified reply with ``allowed: false`` (ERR-01)."""
+
+    at: Invocation
+    response: BackendResponse
+    status: Status
+
+
+@dataclass(frozen=True, slots=True)
+class CallFailed:
+    """A call error (ERR-02/03/06, MAT-10, REV-05/08/12..14, MUT-04/05): governed by failurePolicy.
+
+    ``response`` is set when a verified reply carried an unusable patch: its annotations and
+    warnings still count.
+    """
+
+    at: Invocation
+    error: CallingWebhookError
+    response: BackendResponse | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PatchFailed:
+    """MUT-06..10: the backend allowed with a patch the gateway could not apply. Denies (500 inside)."""
+
+    at: Invocation
+    response: BackendResponse
+    status: Status
+
+
+@dataclass(frozen=True, slots=True)
+class DryRunRefused:
+    """FPT-09: a dry-run review and a backend with side effects: not called, the review is denied."""
+
+    at: Invocation
+    status: Status
+
+
+@dataclass(frozen=True, slots=True)
+class Panicked:
+    """A gateway bug while handling one backend; confined to it and governed by failurePolicy (VAL-06).
+
+    ``error`` is the text for the deny (ERR-08), ``detail`` the exception's repr for logs.
+    """
+
+    at: Invocation
+    error: str
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class MatchRefused:
+    """A matching error that answers the whole review whatever failurePolicy says (MAT-16/17/23/28)."""
+
+    hook: Webhook
+    error: MatchingError
+
+
+Outcome: TypeAlias = Allowed | Rejected | CallFailed | PatchFailed | DryRunRefused | Panicked | MatchRefused
+
+
+# --- failure policy: the one place that turns an outcome into allow / deny / fail open -----------
+
+
+@dataclass(frozen=True, slots=True)
+class Effect:
+    """What an outcome does to the review. ``deny`` is the Status to deny with (None: no deny);
+    ``failed_open``: a call error ignored under ``Ignore`` (FPT-03). ``enforced=False`` is the seam
+    for rollout modes: recorded, never denying."""
+
+    deny: Status | None = None
+    failed_open: bool = False
+    enforced: bool = True
+
+    @property
+    def denies(self) -> bool:
+        return self.deny is not None and self.enforced
+
+
+ALLOW = Effect()
+FAIL_OPEN = Effect(failed_open=True)
+
+
+def apply_failure_policy(outcome: Outcome, policy: FailurePolicy) -> Effect:
+    """FPT-01..03, FPT-09, ERR-01/02/04/08 and MUT-06..13 for one outcome, in one place.
+
+    An invocation marked not enforced (``Invocation.enforced``, set by the drivers from
+    ``BackendPolicy.enforced``) gets the same effect with ``enforced=False``: recorded, never denying.
+    """
+    effect = _effect(outcome, policy)
+    if not isinstance(outcome, MatchRefused) and not outcome.at.enforced:
+        return Effect(deny=effect.deny, failed_open=effect.failed_open, enforced=False)
+    return effect
+
+
+def _effect(outcome: Outcome, policy: FailurePolicy) -> Effect:
+    if isinstance(outcome, Allowed):
+        return ALLOW
+    if isinstance(outcome, Rejected | PatchFailed | DryRunRefused):
+        return Effect(deny=outcome.status)  # whatever the policy says
+    if isinstance(outcome, CallFailed):
+        if policy == "Ignore":
+            return FAIL_OPEN
+        return Effect(deny=statuses.call_error_status(outcome.at.hook.name, outcome.error.reason))
+    if isinstance(outcome, Panicked):
+        if policy == "Ignore":
+            return FAIL_OPEN
+        return Effect(deny=statuses.panicked_status(outcome.at.hook.name, outcome.error))
+    return Effect(deny=matching_error_status(outcome.error))
+
+
+# --- the backend policy seam -----------------------------------------------------------------------
+
+
+class BackendPolicy(Protocol):
+    """Asked before and told after every backend call (circuit breakers, bulkheads, rollout modes).
+
+    ``admit`` returns None to let the call proceed, or the call error to fail it with (never raises);
+    ``settled`` sees every outcome of an admitted call and must not raise; ``enforced`` is False for
+    a backend whose outcomes are recorded but never deny (Warn/Shadow rollout).
+    """
+
+    def admit(self, hook: Webhook) -> CallingWebhookError | None: ...
+
+    def settled(self, hook: Webhook, outcome: Outcome) -> None: ...
+
+    def enforced(self, hook: Webhook) -> bool: ...
+
+
+class AdmitAll:
+    """The default backend policy: every call proceeds and is enforced, nothing is tracked."""
+
+    def admit(self, hook: Webhook) -> CallingWebhookError | None:
+        return None
+
+    def settled(self, hook: Webhook, outcome: Outcome) -> None:
+        pass
+
+    def enforced(self, hook: Webhook) -> bool:
+        return True
+
+
+def not_enforced(outcome: Outcome) -> Outcome:
+    """The same outcome, recorded but never denying (what a rollout mode makes of it)."""
+    if isinstance(outcome, MatchRefused):
+        return outcome
+    return dataclasses.replace(outcome, at=dataclasses.replace(outcome.at, enforced=False))
+
+
+# --- the verdict, built once from the outcomes ---------------------------------------------------
+
+
+@dataclass(slots=True)
+class Verdict:
+    """The gateway's answer to one review, before encoding in the caller's version."""
+
+    allowed: bool
+    status: Status | None = None
+    patch: bytes | None = None
+    warnings: list[str] = field(default_factory=list)
+    audit_annotations: dict[str, str] = field(default_factory=dict)
+    report: DispatchReport | None = None
+
+
+def _cap(code: int) -> int:
+    return 600 if code > 600 else code
+
+
+def record_of(outcome: Outcome, effect: Effect) -> InvocationRecord | None:
+    """MET-02/03/05/06: the metrics/log record of one invocation (None for a matching refusal)."""
+    if isinstance(outcome, MatchRefused):
+        return None
+    at = outcome.at
+    hook = at.hook
+    kind: InvocationOutcome = "allowed"
+    code, reason, error_kind, mutated = 200, "", "", False
+    if isinstance(outcome, Allowed):
+        mutated = outcome.mutated
+    elif isinstance(outcome, Rejected):
+        kind, code, reason = "rejected", _cap(outcome.status.code), outcome.status.message
+    elif isinstance(outcome, CallFailed):
+        kind = "failed_open" if effect.failed_open else "failed_closed"
+        code, reason, error_kind = _cap(outcome.error.status_code), outcome.error.reason, outcome.error.kind
+    elif isinstance(outcome, PatchFailed | DryRunRefused):
+        kind, code, reason = "internal_error", 0, outcome.status.message
+    else:  # Panicked
+        kind = "failed_open" if effect.failed_open else "failed_closed"
+        code = 500
+        reason = outcome.detail if effect.failed_open or effect.deny is None else effect.deny.message
+    return InvocationRecord(
+        name=hook.name,
+        configuration=hook.configuration,
+        round=at.round,
+        index=hook.index,
+        outcome=kind,
+        code=code,
+        duration_seconds=at.seconds,
+        version=at.version,
+        reason=reason,
+        error_kind=error_kind,
+        mutated=mutated,
+        backend_uid=at.backend_uid,
+    )
+
+
+def _response_of(outcome: Outcome) -> BackendResponse | None:
+    if isinstance(outcome, Allowed | Rejected | PatchFailed):
+        return outcome.response
+    if isinstance(outcome, CallFailed):
+        return outcome.response
+    return None
+
+
+PatchMode = Literal["concat", "diff"]
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchSettings:
+    """Knobs of the dispatcher (all have the spec's defaults)."""
+
+    patch_mode: PatchMode = "concat"
+    audit_patches: bool = False
+    max_denial_message_bytes: int = 8192
+    max_warning_bytes: int = 64 * 1024
+    exclude_virtual_resources: bool = True
+    equivalents: Mapping[Any, Any] | None = None
+
+
+def settle(
+    kind: Kind,
+    report: DispatchReport,
+    outcomes: Sequence[Outcome],
+    settings: DispatchSettings,
+    *,
+    patch: bytes | None = None,
+) -> Verdict:
+    """The reply, annotations, warnings and report of a review, from its outcomes in order.
+
+    Validating: outcomes in configuration order (VAL-07); every enforced deny is combined (VAL-08).
+    Mutating: outcomes in chain order, ending at the first deny (MUT-13/14); ``patch`` is the
+    combined patch of an allowed chain (MUT-22..24). A ``MatchRefused`` answers the review alone.
+    """
+    annotations = AuditAnnotations()
+    warnings = Warnings(max_bytes=settings.max_warning_bytes)
+    denials: list[Status] = []
+    refused: MatchRefused | None = None
+    for outcome in outcomes:
+        if isinstance(outcome, MatchRefused):
+            refused = outcome
+            break
+        hook = outcome.at.hook
+        effect = apply_failure_policy(outcome, hook.failure_policy)
+        record = record_of(outcome, effect)
+        assert record is not None
+        report.invocations.append(record)
+        response = _response_of(outcome)
+        if response is not None:
+            report.dropped += annotations.add_backend(hook.name, response.audit_annotations)
+            report.dropped += warnings.add(response.warnings)
+        if kind == "mutating":
+            _mutation_annotations(annotations, outcome, effect, settings)
+        elif effect.failed_open:
+            annotations.add_gateway(failed_open_key("validating", 0, outcome.at.position), hook.name)
+        if effect.denies:
+            assert effect.deny is not None
+            if not denials:
+                report.denied_by = hook.name
+            denials.append(effect.deny)
+    if refused is not None:  # VAL-01 / MUT-02: answers the review; earlier patches are discarded
+        st = matching_error_status(refused.error)
+        report.allowed, report.denied_by, report.deny_reason = False, refused.hook.name, refused.error.message
+        return Verdict(
+            allowed=False,
+            status=st,
+            warnings=warnings.as_list(),
+            audit_annotations=annotations.as_dict(),
+            report=report,
+        )
+    if denials:
+        if kind == "mutating":  # the chain stopped at its one deny
+            combined = denials[0]
+        else:
+            combined = statuses.combine_denials(denials, limit=settings.max_denial_message_bytes)
+        report.allowed = False
+        report.deny_reason = combined.message
+        return Verdict(
+            allowed=False,
+            status=combined,
+            warnings=warnings.as_list(),
+            audit_annotations=annotations.as_dict(),
+            report=report,
+        )
+    return Verdict(
+        allowed=True,
+        patch=patch,
+        warnings=warnings.as_list(),
+        audit_annotations=annotations.as_dict(),
+        report=report,
+    )
+
+
+def _mutation_annotations(
+    annotations: AuditAnnotations, outcome: Outcome, effect: Effect, settings: DispatchSettings
+) -> None:
+    """AUD-05/06 for one mutating invocation: patch (opt-in), mutation, failed-open."""
+    if isinstance(outcome, MatchRefused):
+        return
+    at = outcome.at
+    hook = at.hook
+    if isinstance(outcome, Allowed) and outcome.patch is not None and settings.audit_patches:
+        annotations.add_gateway(
+            patch_key(at.round, hook.index),
+            _encode(
+                {
+                    "configuration": hook.configuration,
+                    "webhook": hook.name,
+                    "patch": outcome.patch,
+                    "patchType": "JSONPatch",
+                }
+            ).decode(),
+        )
+    # Every invoked backend, including failed and dry-run-refused ones: upstream's annotator runs
+    # before the call and before the dry-run check (AUD-05).
+    mutated = isinstance(outcome, Allowed) and outcome.mutated
+    annotations.add_gateway(
+        mutation_key(at.round, hook.index), mutation_value(hook.configuration, hook.name, mutated=mutated)
+    )
+    if effect.failed_open:
+        annotations.add_gateway(failed_open_key("mutating", at.round, hook.index), hook.name)

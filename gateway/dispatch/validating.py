@@ -1,0 +1,147 @@
+"""The validating driver (VAL-01..10): match, call the matching backends concurrently, settle.
+
+A thin loop over I/O: matching decides who is called, each call ends as an ``Outcome`` value, and
+``outcome.settle`` builds the verdict from the outcomes in configuration order (never completion
+order, VAL-07). A bug while handling one backend stays confined to it (VAL-06).
+"""
+
+from __future__ import annotations
+
+import structlog
+import trio
+
+from gateway.admission import AdmissionAttributes
+from gateway.config.model import Webhook
+from gateway.config.plan import PlanSet
+from gateway.dispatch import status
+from gateway.dispatch.invoke import (
+    Backends,
+    call_backend,
+    condition_inputs,
+    deadline_exceeded,
+    note_conditions,
+)
+from gateway.dispatch.outcome import (
+    SIDE_EFFECTS_REFUSED_ON_DRY_RUN,
+    Allowed,
+    CallFailed,
+    DispatchSettings,
+    DryRunRefused,
+    Invocation,
+    MatchRefused,
+    Outcome,
+    Panicked,
+    Rejected,
+    Verdict,
+    not_enforced,
+    settle,
+)
+from gateway.dispatch.report import DispatchReport
+from gateway.errors import CallingWebhookError
+from gateway.matching import Call, CallFailure, NamespaceLabels, Refuse, decide_candidates
+from gateway.review import InboundReview
+
+log = structlog.get_logger("gateway.dispatch")
+
+
+async def validate(
+    backends: Backends,
+    settings: DispatchSettings,
+    inbound: InboundReview,
+    plans: PlanSet,
+    *,
+    namespace: NamespaceLabels | None,
+    report: DispatchReport,
+    deadline: float,
+) -> Verdict:
+    """VAL-01..10 for one review whose namespace labels were looked up (``namespace``)."""
+    attrs = inbound.attributes
+    selected: list[tuple[Webhook, CallingWebhookError | None]] = []
+    decided = decide_candidates(
+        plans,
+        attrs,
+        namespace,
+        equivalents=settings.equivalents,
+        inputs=condition_inputs(inbound, plans.plans),
+    )
+    for plan, decision in decided:
+        note_conditions(report, plan.hook, decision)
+        if isinstance(decision, Refuse):  # VAL-01: the first matching error answers, nobody is called
+            return settle("validating", report, [MatchRefused(plan.hook, decision.error)], settings)
+        if isinstance(decision, Call):
+            selected.append((plan.hook, None))
+        elif isinstance(decision, CallFailure):
+            selected.append((plan.hook, decision.error))
+    report.matched = len(selected)
+    if not selected:
+        return Verdict(allowed=True, report=report)  # VAL-02
+
+    outcomes: list[Outcome | None] = [None] * len(selected)
+
+    async def run(i: int, hook: Webhook, pre_error: CallingWebhookError | None) -> None:
+        outcomes[i] = await _invoke(backends, hook, inbound, attrs, pre_error, position=i, deadline=deadline)
+
+    if len(selected) == 1:  # nothing to run concurrently: spare the nursery and its task
+        await run(0, *selected[0])
+    else:
+        async with trio.open_nursery() as nursery:
+            for i, (hook, pre_error) in enumerate(selected):
+                nursery.start_soon(run, i, hook, pre_error)
+
+    settled = [o for o in outcomes if o is not None]  # every task stored its outcome or the nursery raised
+    report.deadline_exhausted = trio.current_time() >= deadline and any(
+        isinstance(o, CallFailed) and o.error.kind == "timeout" for o in settled
+    )
+    return settle("validating", report, settled, settings)
+
+
+async def _invoke(
+    backends: Backends,
+    hook: Webhook,
+    inbound: InboundReview,
+    attrs: AdmissionAttributes,
+    pre_error: CallingWebhookError | None,
+    *,
+    position: int,
+    deadline: float,
+) -> Outcome:
+    """One validating backend → its outcome (VAL-05/06, FPT-09)."""
+    if attrs.dry_run and hook.side_effects in SIDE_EFFECTS_REFUSED_ON_DRY_RUN:
+        return DryRunRefused(Invocation(hook, position=position), status.dry_run_status(hook.name))
+    clock = backends.clock
+    started = clock()
+    try:
+        error = pre_error
+        if error is None and trio.current_time() >= deadline:  # VAL-10
+            error = deadline_exceeded(backends.caller, hook)
+        if error is None:
+            error = backends.policy.admit(hook)  # the backend policy seam (see gateway.dispatch.outcome)
+        if error is not None:
+            return CallFailed(Invocation(hook, seconds=clock() - started, position=position), error)
+        called = await call_backend(backends.caller, hook, inbound, attrs, deadline=deadline, mutating=False)
+        outcome: Outcome
+        if isinstance(called, CallingWebhookError):
+            outcome = CallFailed(Invocation(hook, seconds=clock() - started, position=position), called)
+        else:
+            at = Invocation(
+                hook,
+                seconds=clock() - started,
+                version=called.version,
+                backend_uid=called.backend_uid,
+                position=position,
+            )
+            response = called.response
+            if response.allowed:
+                outcome = Allowed(at, response)
+            else:
+                outcome = Rejected(at, response, status.rejection_status(hook.name, response.status))
+        backends.policy.settled(hook, outcome)
+        if not backends.policy.enforced(hook):  # a rollout mode: recorded, never denying
+            outcome = not_enforced(outcome)
+        return outcome
+    except trio.Cancelled:
+        raise
+    except Exception as exc:
+        log.exception("backend handling failed", webhook=hook.name)
+        at = Invocation(hook, seconds=clock() - started, position=position)
+        return Panicked(at, str(exc), repr(exc))
