@@ -137,6 +137,8 @@ async def serve(
 
     credentials = CredentialStore.load(options.backend_kubeconfig) if options.backend_kubeconfig else None
     tls = ReloadableTLS(options.certfile, options.keyfile, options.client_ca) if options.certfile else None
+    if tls is not None:
+        observer.serving_certificate_loaded(tls.certfile)
     readiness = Readiness()
     shutdown_requested = trio.Event()
 
@@ -205,7 +207,7 @@ async def serve(
                 partial(
                     watch_files,
                     [Path(tls.certfile), Path(tls.keyfile)],
-                    _reload_tls(tls),
+                    _reload_tls(tls, observer.serving_certificate_loaded),
                     interval=options.config_poll_seconds,
                 )
             )
@@ -278,11 +280,15 @@ def _reload_credentials(caller: Any, path: str) -> Callable[[Sequence[Path]], No
     return reload
 
 
-def _reload_tls(tls: ReloadableTLS) -> Callable[[Sequence[Path]], None]:
+def _reload_tls(
+    tls: ReloadableTLS, on_loaded: Callable[[str], None] | None = None
+) -> Callable[[Sequence[Path]], None]:
     def reload(_changed: Sequence[Path]) -> None:
         try:
             tls.reload()
             log.info("serving certificate reloaded", certfile=tls.certfile)
+            if on_loaded is not None:
+                on_loaded(tls.certfile)
         except (OSError, ssl.SSLError) as exc:
             log.error("serving certificate reload failed; keeping the old one", error=str(exc))
 
