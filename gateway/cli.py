@@ -54,6 +54,9 @@ def _serve_parser(prog: str) -> _EnvDefaults:
         epilog="Subcommands: `check --config DIR` validates a configuration directory; `demo` runs the "
         "bundled end-to-end demonstration.",
     )
+    from gateway import __version__
+
+    p.add_argument("--version", action="version", version=f"webhook-gateway {__version__}")
     g = p.add_argument_group("serving")
     _add_option(
         g,

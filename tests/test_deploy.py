@@ -894,3 +894,24 @@ def test_backend_config_loads(tmp_path: Path) -> None:
         (tmp_path / key).write_text(text)
     snapshot = load.load_directory(tmp_path, strict_https=True, generation=0)
     assert (snapshot.validating, snapshot.mutating) == ((), ())
+
+
+def test_one_version_everywhere() -> None:
+    """`--version`, the image's version label and the manifests' image tag name the same version."""
+    from gateway import __version__
+
+    printed = subprocess.run(
+        [sys.executable, "-m", "gateway", "--version"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.strip()
+    assert printed == f"webhook-gateway {__version__}"
+    (label_default,) = [
+        line for line in (ROOT / "Dockerfile").read_text().splitlines() if line.startswith("ARG VERSION=")
+    ]
+    assert label_default == f"ARG VERSION={__version__}"
+    (image,) = yaml.safe_load((DEPLOY / "base" / "kustomization.yaml").read_text())["images"]
+    assert (image["newName"], image["newTag"]) == ("ghcr.io/OWNER/webhook-gateway", __version__)
