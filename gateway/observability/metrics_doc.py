@@ -30,7 +30,9 @@ def _cell(text: str) -> str:
 
 def render() -> str:
     metrics = Metrics()
-    rows = [(f.name, f.kind, f.labelnames, f.documentation) for f in metrics.families]
+    rows: list[tuple[str, str, tuple[str, ...], str]] = [
+        (f.name, f.kind, f.labelnames, f.documentation) for f in metrics.families
+    ]
     pool = metrics.connection_metric()
     rows.append((pool.name, pool.type, ("origin",), pool.documentation))
     lines = [
