@@ -179,6 +179,27 @@ def _serve_parser(prog: str) -> _EnvDefaults:
         help="file mode: a namespace without a Namespace object is 404, or has no labels",
     )
 
+    r = p.add_argument_group("self-managed registration")
+    _add_option(
+        r,
+        "--manage-registration",
+        action="store_true",
+        help="when ready and elected (a Lease), create and keep the gateway's own registrations "
+        "(uses --kubeconfig or the pod's service account)",
+    )
+    _add_option(
+        r,
+        "--registration-ca-bundle",
+        help="CA bundle for the registrations' caBundle (default: ca.crt next to --certfile)",
+    )
+    _add_option(
+        r,
+        "--registration-namespace",
+        help="the gateway's namespace (Service, Lease)",
+        default="webhook-gateway",
+    )
+    _add_option(r, "--registration-service", help="the gateway's Service", default="webhook-gateway")
+
     o = p.add_argument_group("observability")
     _add_option(
         o, "--log-level", choices=("debug", "info", "warning", "error"), default="info", help="log level"

@@ -655,6 +655,8 @@ def test_components(tmp_path: Path, components: list[str], counts: dict[str, int
         assert one(docs, "PodDisruptionBudget")["spec"]["minAvailable"] == 3
     else:
         assert hard == {"ScheduleAnyway"}
+    if "self-managed-registration" in components:
+        _check_self_managed(docs)
     if "monitoring" in components:
         dashboard = one(docs, "ConfigMap", "webhook-gateway-dashboard")
         assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
@@ -671,6 +673,32 @@ def test_components(tmp_path: Path, components: list[str], counts: dict[str, int
             if monitor["kind"] == "ServiceMonitor"
             else selector.items() <= target["labels"].items()
         )
+
+
+def _check_self_managed(docs: list[Doc]) -> None:
+    assert "--manage-registration" in container(docs)["args"]
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container(docs)["env"]}
+    assert env == {
+        "POD_NAME": "metadata.name",
+        "WEBHOOK_GATEWAY_REGISTRATION_NAMESPACE": "metadata.namespace",
+    }
+    role = one(docs, "ClusterRole", "webhook-gateway-registrar")
+    named = [r for r in role["rules"] if r.get("resourceNames")]
+    assert [r["verbs"] for r in role["rules"] if not r.get("resourceNames")] == [["create"]]
+    assert all(r["resourceNames"] == ["webhook-gateway"] and "delete" not in r["verbs"] for r in named)
+    local = one(docs, "Role", "webhook-gateway-registrar")
+    assert {
+        (r["resources"][0], tuple(r["verbs"]), tuple(r.get("resourceNames", ()))) for r in local["rules"]
+    } == {
+        ("leases", ("create",), ()),
+        ("leases", ("get", "update"), ("webhook-gateway-registration",)),
+        ("deployments", ("get",), ("webhook-gateway",)),
+    }
+    for binding in ("ClusterRoleBinding", "RoleBinding"):
+        bound = one(docs, binding, "webhook-gateway-registrar")
+        assert bound["subjects"] == [
+            {"kind": "ServiceAccount", "name": "webhook-gateway", "namespace": "webhook-gateway"}
+        ]
 
 
 # --- the certificate script ----------------------------------------------------------------------

@@ -238,10 +238,21 @@ async def serve(
             # stall the event loop for 20-40 ms (docs/performance.md).
             gc.collect()
             gc.freeze()
+            registrar = None
+            if getattr(options, "manage_registration", False):
+                from gateway.server.self_registration import registrar_from
+
+                registrar = registrar_from(
+                    options, lambda: store.snapshot, lambda: readiness.ready and not readiness.draining
+                )
+                await nursery.start(registrar.run)
             task_status.started(Running(urls, metrics_urls, app, shutdown_requested.set))
 
             await shutdown_requested.wait()
             readiness.draining = True  # /readyz → 503 at once; keep serving while endpoints update
+            if registrar is not None:
+                with trio.move_on_after(10):
+                    await registrar.shutdown()  # relax the registrations on uninstall; hand over the Lease
             log.info("shutting down: draining", drain_seconds=options.drain_seconds)
             await trio.sleep(options.drain_seconds)
             # Let in-flight reviews finish *before* hypercorn starts closing connections: its HTTP/2
