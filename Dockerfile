@@ -1,5 +1,7 @@
 # syntax=docker/dockerfile:1
-# webhook-gateway image:  docker build -t webhook-gateway:0.1.0 .
+# webhook-gateway image, published as ghcr.io/<owner>/webhook-gateway:<version> where <version> is
+# gateway.__version__ (what `webhook-gateway --version` prints):
+#   docker build --build-arg VERSION=0.1.0 -t ghcr.io/<owner>/webhook-gateway:0.1.0 .
 #
 # Stage "build" turns the project and its dependencies into wheels and installs them under
 # /install; the final stage copies only that tree onto a clean slim Python. No compiler, no build
@@ -18,7 +20,9 @@ RUN python -m pip wheel --wheel-dir /wheels . \
  && python -m pip install --no-index --find-links /wheels --prefix /install /wheels/webhook_gateway-*.whl
 
 FROM ${PYTHON_IMAGE}
+ARG VERSION=0.1.0
 LABEL org.opencontainers.image.title="webhook-gateway" \
+      org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.description="An asynchronous admission-webhook gateway for Kubernetes" \
       org.opencontainers.image.licenses="Apache-2.0"
 ENV PYTHONDONTWRITEBYTECODE=1 \

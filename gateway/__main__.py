@@ -24,6 +24,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gateway.demo import run_demo
 
         return run_demo(invocation.options)
+    if invocation.command == "registration":
+        from gateway.commands.registration import run as run_registration
+
+        return run_registration(invocation.options)
     return serve(invocation.options)
 
 
@@ -46,6 +50,13 @@ def check(options: Namespace) -> int:
         return 1
     for problem in snapshot.warnings:
         print(f"warning: {problem}", file=sys.stderr)
+    findings: list[str] = []
+    if getattr(options, "registration", None):
+        from gateway.commands.registration import registration_findings
+
+        findings = registration_findings(snapshot, options.registration)
+        for finding in findings:
+            print(f"warning: {finding}", file=sys.stderr)
     print(
         f"{where}: OK: {len(snapshot.validating)} validating and {len(snapshot.mutating)} mutating webhooks, "
         f"{len(snapshot.namespaces)} namespaces, {len(snapshot.warnings)} warning(s)"
@@ -62,7 +73,7 @@ def check(options: Namespace) -> int:
         if hook.backend_policy != DEFAULT_POLICY:
             policy = hook.backend_policy.describe()
             print(f"  {hook.kind} webhook {hook.name!r} ({hook.configuration}): {policy}")
-    return 1 if snapshot.warnings and options.warnings_as_errors else 0
+    return 1 if (snapshot.warnings or findings) and options.warnings_as_errors else 0
 
 
 def serve(options: Namespace) -> int:

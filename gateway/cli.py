@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 ENV_PREFIX = "WEBHOOK_GATEWAY_"
-COMMANDS = ("serve", "check", "demo")
+COMMANDS = ("serve", "check", "demo", "registration")
 
 
 def _env_name(option: str) -> str:
@@ -54,6 +54,9 @@ def _serve_parser(prog: str) -> _EnvDefaults:
         epilog="Subcommands: `check --config DIR` validates a configuration directory; `demo` runs the "
         "bundled end-to-end demonstration.",
     )
+    from gateway import __version__
+
+    p.add_argument("--version", action="version", version=f"webhook-gateway {__version__}")
     g = p.add_argument_group("serving")
     _add_option(
         g,
@@ -190,6 +193,27 @@ def _serve_parser(prog: str) -> _EnvDefaults:
         help="file mode: a namespace without a Namespace object is 404, or has no labels",
     )
 
+    r = p.add_argument_group("self-managed registration")
+    _add_option(
+        r,
+        "--manage-registration",
+        action="store_true",
+        help="when ready and elected (a Lease), create and keep the gateway's own registrations "
+        "(uses --kubeconfig or the pod's service account)",
+    )
+    _add_option(
+        r,
+        "--registration-ca-bundle",
+        help="CA bundle for the registrations' caBundle (default: ca.crt next to --certfile)",
+    )
+    _add_option(
+        r,
+        "--registration-namespace",
+        help="the gateway's namespace (Service, Lease)",
+        default="webhook-gateway",
+    )
+    _add_option(r, "--registration-service", help="the gateway's Service", default="webhook-gateway")
+
     o = p.add_argument_group("observability")
     _add_option(
         o, "--log-level", choices=("debug", "info", "warning", "error"), default="info", help="log level"
@@ -236,7 +260,13 @@ def parse(argv: Sequence[str], prog: str = "webhook-gateway") -> Invocation:
         p.add_option("--config", help="configuration directory", default="config/webhooks")
         p.add_option("--strict-https", action="store_true", help="refuse http:// URLs even on loopback")
         p.add_option("--warnings-as-errors", action="store_true", help="exit 1 on warnings too")
+        p.add_option(
+            "--registration",
+            help="also warn where this registration file is broader or stricter than the config needs",
+        )
         return Invocation(command, p.parse_args(args))
+    if command == "registration":
+        return Invocation(command, _registration_parser(prog).parse_args(args))
     if command == "demo":
         p = _EnvDefaults(
             prog=f"{prog} demo",
@@ -248,3 +278,51 @@ def parse(argv: Sequence[str], prog: str = "webhook-gateway") -> Invocation:
         )
         return Invocation(command, p.parse_args(args))
     return Invocation(command, _serve_parser(prog).parse_args(args))
+
+
+def _registration_parser(prog: str) -> _EnvDefaults:
+    p = _EnvDefaults(
+        prog=f"{prog} registration",
+        description="Print the narrowest Validating/MutatingWebhookConfiguration pair that delivers every "
+        "review some backend in --config could match, minus cluster infrastructure.",
+    )
+    p.add_option("--config", help="configuration directory", default="config/webhooks")
+    p.add_option("--name", help="name of both registration objects", default="webhook-gateway")
+    p.add_option(
+        "--namespace", help="the gateway's own namespace (always excluded)", default="webhook-gateway"
+    )
+    p.add_option("--service", help="the gateway's Service", default="webhook-gateway")
+    p.add_option("--port", help="the Service port", type=int, default=443)
+    p.add_option("--validate-path", help="path of the validating endpoint", default="/validate")
+    p.add_option("--mutate-path", help="path of the mutating endpoint", default="/mutate")
+    p.add_option("--ca-bundle", help="PEM file of the CA that signed the serving certificate (caBundle)")
+    p.add_option(
+        "--failure-policy",
+        choices=("Fail", "Ignore"),
+        default="Fail",
+        help="what the apiserver does when no gateway replica answers",
+    )
+    p.add_option(
+        "--deadline-margin",
+        help="the gateway's --deadline-margin (added to the backends' budget)",
+        type=float,
+        default=0.2,
+    )
+    p.add_option("--exclude-namespaces", help="comma-separated namespaces to exclude as well")
+    p.add_option(
+        "--include-namespaces", help="comma-separated namespaces to deliver despite the default exclusions"
+    )
+    p.add_option(
+        "--exclude-resources", help="comma-separated RESOURCE[.GROUP] to exclude as well (all subresources)"
+    )
+    p.add_option(
+        "--include-resources",
+        help="comma-separated RESOURCE[.GROUP] to deliver despite the default exclusions, e.g. events",
+    )
+    p.add_option(
+        "--no-default-exclusions",
+        action="store_true",
+        help="exclude nothing by default (not even the gateway's own namespace): unsafe",
+    )
+    p.add_option("--output", choices=("yaml", "json"), default="yaml", help="output format")
+    return p

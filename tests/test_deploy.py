@@ -1,18 +1,19 @@
 """Deployment artefacts: the image recipe, the manifests and the certificate script (GW-05..GW-10).
 
 No container engine and no cluster here: the Dockerfile is linted with hadolint, the manifests are
-rendered (a small kustomize subset, cross-checked against ``kubectl kustomize`` when present) and
-validated against the Kubernetes OpenAPI schemas shipped by ``kubernetes-validate``, and the
-safety properties of the gateway's own registration are asserted on the rendered objects of both
-variants (cert-manager, and scripts/gen-certs.sh).
+rendered by the real kustomize (``kubectl kustomize``) and validated against the Kubernetes OpenAPI
+schemas shipped by ``kubernetes-validate``, and the safety properties of the workload and of the
+gateway's own registration are asserted on the rendered objects of both variants (cert-manager, and
+scripts/gen-certs.sh), each as an operator completes it: the registration computed by
+``webhook-gateway registration`` from a sample backend configuration.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
-import copy
 import fnmatch
+import json
 import os
 import shutil
 import ssl
@@ -22,7 +23,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import jsonpatch
 import kubernetes_validate
 import pytest
 import trio
@@ -32,76 +32,47 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 K8S_VERSIONS = ["1.29", "1.37"]  # oldest Kubernetes still commonly run, and the newest schemas shipped
-CLUSTER_SCOPED = {
-    "Namespace",
-    "ClusterRole",
-    "ClusterRoleBinding",
-    "ValidatingWebhookConfiguration",
-    "MutatingWebhookConfiguration",
-}
+SAMPLE_CONFIG = ROOT / "tests" / "configs" / "sample"
+CRD_GROUPS = ("cert-manager.io/", "monitoring.coreos.com/")  # custom resources: no schema here
 WEBHOOK_KINDS = ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration")
 
 Doc = dict[str, Any]
 
 
-# --- a kustomize subset: resources, namespace, images, patches (JSON 6902 and merge) ---------------
+# --- rendering: the real kustomize (kubectl kustomize) ---------------------------------------------
 
 
-def _deep_merge(into: Doc, patch: Doc) -> None:
-    for key, value in patch.items():
-        if isinstance(value, dict) and isinstance(into.get(key), dict):
-            _deep_merge(into[key], value)
-        else:
-            into[key] = copy.deepcopy(value)
-
-
-def _targets(target: Doc, doc: Doc) -> bool:
-    group = doc["apiVersion"].rpartition("/")[0]
-    return (
-        target.get("kind", doc["kind"]) == doc["kind"]
-        and target.get("name", doc["metadata"]["name"]) == doc["metadata"]["name"]
-        and target.get("group", group) == group
-    )
+def _kubectl() -> str:
+    found = shutil.which("kubectl")
+    assert found, "kubectl is missing: .ci/run installs it (Debian: apt-get install kubernetes-client)"
+    return found
 
 
 def render(directory: Path) -> list[Doc]:
-    """The objects ``kubectl kustomize directory`` would print (for the features used in deploy/)."""
-    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
-    docs: list[Doc] = []
-    for resource in kustomization.get("resources", []):
-        path = directory / resource
-        if path.is_dir():
-            docs += render(path)
-        else:
-            docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
-    for patch in kustomization.get("patches", []):
-        body = yaml.safe_load(patch["patch"] if "patch" in patch else (directory / patch["path"]).read_text())
-        hits = [d for d in docs if _targets(patch["target"], d)]
-        assert hits, f"patch target {patch['target']} matches nothing"
-        for doc in hits:
-            if isinstance(body, list):
-                jsonpatch.apply_patch(doc, body, in_place=True)
-            else:
-                _deep_merge(doc, body)
-    if namespace := kustomization.get("namespace"):
-        for doc in docs:
-            if doc["kind"] == "Namespace":
-                doc["metadata"]["name"] = namespace
-            elif doc["kind"] not in CLUSTER_SCOPED:
-                doc["metadata"]["namespace"] = namespace
-            for subject in doc.get("subjects", []):
-                if subject["kind"] == "ServiceAccount":
-                    subject["namespace"] = namespace
-            for hook in doc.get("webhooks", []):
-                if "service" in hook["clientConfig"]:
-                    hook["clientConfig"]["service"]["namespace"] = namespace
-    for image in kustomization.get("images", []):
-        for doc in docs:
-            if doc["kind"] == "Deployment":
-                for container in doc["spec"]["template"]["spec"]["containers"]:
-                    if container["image"] == image["name"]:
-                        container["image"] = f"{image.get('newName', image['name'])}:{image['newTag']}"
-    return docs
+    """The objects ``kubectl kustomize directory`` prints."""
+    result = subprocess.run(
+        [_kubectl(), "kustomize", str(directory)], capture_output=True, text=True, check=False, timeout=120
+    )
+    if result.returncode != 0:
+        raise KustomizeError(result.stderr.strip())
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+class KustomizeError(Exception):
+    """kustomize refused to build a directory."""
+
+
+def compute_registration(config: Path, *args: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway", "registration", "--config", str(config), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
 
 
 def _gen_certs(out: Path, *args: str) -> str:
@@ -116,22 +87,47 @@ def _gen_certs(out: Path, *args: str) -> str:
     return result.stdout.strip()
 
 
-@pytest.fixture(scope="module")
-def openssl_deploy(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A copy of deploy/ completed by scripts/gen-certs.sh, as an operator would have it."""
+def _copy_deploy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     copy_dir = tmp_path_factory.mktemp("deploy") / "deploy"
-    shutil.copytree(
-        DEPLOY, copy_dir, ignore=shutil.ignore_patterns("tls-secret.yaml", "cabundle-patch.yaml", "certs")
-    )
-    _gen_certs(copy_dir)
+    shutil.copytree(DEPLOY, copy_dir, ignore=shutil.ignore_patterns("tls-secret.yaml", "certs"))
     return copy_dir
 
 
-@pytest.fixture(scope="module", params=["cert-manager", "openssl"])
-def variant(request: pytest.FixtureRequest, openssl_deploy: Path) -> tuple[str, list[Doc]]:
-    """The rendered objects of one deployment variant."""
-    directory = DEPLOY / "cert-manager" if request.param == "cert-manager" else openssl_deploy
-    return request.param, render(directory)
+@pytest.fixture(scope="module")
+def openssl_deploy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of deploy/ completed as an operator would: gen-certs.sh, then the registration for
+    a sample configuration, computed with the CA bundle the script wrote."""
+    copy_dir = _copy_deploy(tmp_path_factory)
+    _gen_certs(copy_dir)
+    (copy_dir / "registration" / "webhooks.yaml").write_text(
+        compute_registration(SAMPLE_CONFIG, "--ca-bundle", str(copy_dir / "certs" / "ca-bundle.pem"))
+    )
+    return copy_dir
+
+
+@pytest.fixture(scope="module")
+def cert_manager_deploy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of deploy/ with the registration for a sample configuration (caBundle injected later)."""
+    copy_dir = _copy_deploy(tmp_path_factory)
+    (copy_dir / "registration" / "webhooks.yaml").write_text(compute_registration(SAMPLE_CONFIG))
+    return copy_dir
+
+
+VARIANTS = {
+    # variant: (workload kustomization, registration kustomization), relative to deploy/
+    "cert-manager": ("cert-manager", "cert-manager/registration"),
+    "openssl": (".", "registration"),
+}
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def variant(
+    request: pytest.FixtureRequest, openssl_deploy: Path, cert_manager_deploy: Path
+) -> tuple[str, list[Doc]]:
+    """The rendered objects of one deployment variant: the workload, then the registrations."""
+    root = cert_manager_deploy if request.param == "cert-manager" else openssl_deploy
+    workload, registration = VARIANTS[request.param]
+    return request.param, render(root / workload) + render(root / registration)
 
 
 def one(docs: list[Doc], kind: str, name: str | None = None) -> Doc:
@@ -166,47 +162,52 @@ def test_manifests_validate_against_kubernetes_schemas(variant: tuple[str, list[
     _, docs = variant
     checked = 0
     for doc in docs:
-        if doc["apiVersion"].startswith("cert-manager.io/"):
-            continue  # a CRD: checked by test_cert_manager_wiring
+        if doc["apiVersion"].startswith(CRD_GROUPS):
+            continue  # custom resources: checked by test_cert_manager_wiring and the monitoring tests
         kubernetes_validate.validate(doc, version, strict=True)
         checked += 1
     assert checked >= 10
 
 
 def test_every_base_file_is_a_kustomize_resource() -> None:
-    """No manifest in deploy/base is left out of its kustomization (or listed without existing)."""
-    listed = set(yaml.safe_load((DEPLOY / "base" / "kustomization.yaml").read_text())["resources"])
+    """No manifest in deploy/base (nor backend configuration) is left out of its kustomization."""
+    kustomization = yaml.safe_load((DEPLOY / "base" / "kustomization.yaml").read_text())
     present = {p.name for p in (DEPLOY / "base").glob("*.yaml")} - {"kustomization.yaml"}
-    assert listed == present
+    assert set(kustomization["resources"]) == present
+    (generator,) = kustomization["configMapGenerator"]
+    backends = {f"backends/{p.name}" for p in (DEPLOY / "base" / "backends").glob("*.yaml")}
+    assert set(generator["files"]) == backends
 
 
 def test_root_kustomization_refuses_to_build_without_certificates(tmp_path: Path) -> None:
-    """GW-08: deploy/ does not render until gen-certs.sh wrote the Secret and caBundle patch."""
+    """GW-08: deploy/ does not render until gen-certs.sh wrote the Secret."""
     ignored = (DEPLOY / ".gitignore").read_text().split()
-    assert {"/tls-secret.yaml", "/cabundle-patch.yaml", "/certs/"} <= set(ignored), (
-        "private keys stay out of git"
-    )
+    assert {"/tls-secret.yaml", "/certs/"} <= set(ignored), "private keys stay out of git"
     bare = tmp_path / "deploy"
-    shutil.copytree(
-        DEPLOY, bare, ignore=shutil.ignore_patterns("tls-secret.yaml", "cabundle-patch.yaml", "certs")
-    )
-    with pytest.raises(FileNotFoundError):
+    shutil.copytree(DEPLOY, bare, ignore=shutil.ignore_patterns("tls-secret.yaml", "certs"))
+    with pytest.raises(KustomizeError, match=r"tls-secret\.yaml"):
         render(bare)
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
-@pytest.mark.parametrize("which", ["cert-manager", "openssl"])
-def test_render_matches_kubectl_kustomize(openssl_deploy: Path, which: str) -> None:
-    """The test renderer agrees with the real kustomize on both variants."""
-    directory = DEPLOY / "cert-manager" if which == "cert-manager" else openssl_deploy
-    out = subprocess.run(
-        ["kubectl", "kustomize", str(directory)], capture_output=True, text=True, check=True, timeout=60
-    ).stdout
+def test_registrations_are_not_in_the_workload() -> None:
+    """Install order: no variant's workload carries a registration; they have a kustomization of their own."""
+    for directory in ("base", "cert-manager", "overlays/production"):
+        kinds = {d["kind"] for d in render(DEPLOY / directory)}
+        assert not kinds & set(WEBHOOK_KINDS), directory
+    assert {d["kind"] for d in render(DEPLOY / "registration")} == set(WEBHOOK_KINDS)
 
-    def key(d: Doc) -> tuple[str, str]:
-        return d["kind"], d["metadata"]["name"]
 
-    assert sorted(yaml.safe_load_all(out), key=key) == sorted(render(directory), key=key)
+def test_shipped_registration_matches_the_shipped_configuration(tmp_path: Path) -> None:
+    """The shipped registration is what `registration` computes for the shipped backends: none, so empty."""
+    shipped = (DEPLOY / "registration" / "webhooks.yaml").read_text()
+    assert shipped == compute_registration(DEPLOY / "base" / "backends")
+    assert [d["webhooks"] for d in yaml.safe_load_all(shipped) if d] == [[], []]
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway", "check", "--config", str(DEPLOY / "base" / "backends"),
+         "--registration", str(DEPLOY / "registration" / "webhooks.yaml"), "--warnings-as-errors"],
+        cwd=ROOT, capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
 
 
 # --- the safety properties -----------------------------------------------------------------------
@@ -224,20 +225,32 @@ def _excluded_namespaces(hook: Doc) -> set[str]:
     return excluded
 
 
-def _check_wildcards(docs: list[Doc]) -> None:
-    for _, hook in hooks(docs):
-        assert hook["rules"] == [
-            {
-                "operations": ["*"],
-                "apiGroups": ["*"],
-                "apiVersions": ["*"],
-                "resources": ["*/*"],
-                "scope": "*",
-            }
-        ]
+def _sample_registration() -> tuple[Doc, Doc]:
+    from gateway.config.load import load_directory
+    from gateway.registration import compute
+
+    return compute(load_directory(SAMPLE_CONFIG)).documents()
+
+
+def _check_rules_from_config(docs: list[Doc]) -> None:
+    wanted = {doc["kind"]: doc["webhooks"][0] for doc in _sample_registration()}
+    for kind, hook in hooks(docs):
+        assert hook["rules"] == wanted[kind]["rules"], "exactly the backends' rules, nothing wider"
         assert hook["matchPolicy"] == "Exact"
         assert hook["admissionReviewVersions"] == ["v1", "v1beta1"]
         assert len(hook["name"].split(".")) >= 3
+    assert all(hook["rules"] for _, hook in hooks(docs))
+
+
+def _check_infrastructure_excluded(docs: list[Doc]) -> None:
+    from gateway.registration import DEFAULT_EXCLUDED_RESOURCES
+
+    for _, hook in hooks(docs):
+        named = {entry.partition("/")[0] for rule in hook["rules"] for entry in rule["resources"]}
+        conditions = {c["name"] for c in hook.get("matchConditions", [])}
+        for exclusion in DEFAULT_EXCLUDED_RESOURCES:
+            assert exclusion.resource not in named or exclusion.condition_name in conditions
+        assert {"kube-system", "kube-node-lease"} <= _excluded_namespaces(hook)
 
 
 def _check_side_effects(docs: list[Doc]) -> None:
@@ -252,7 +265,11 @@ def _check_fail_closed_with_exclusions(docs: list[Doc]) -> None:
 
 
 def _check_timeout(docs: list[Doc]) -> None:
-    assert {hook["timeoutSeconds"] for _, hook in hooks(docs)} == {30}
+    wanted = {doc["kind"]: doc["webhooks"][0]["timeoutSeconds"] for doc in _sample_registration()}
+    # tests/configs/sample: the longest validating backend has the default 10 s (+ the margin,
+    # rounded up); the mutating chain, with an IfNeeded backend counted twice, passes the 30 s cap.
+    assert {kind: hook["timeoutSeconds"] for kind, hook in hooks(docs)} == wanted
+    assert wanted == {"ValidatingWebhookConfiguration": 11, "MutatingWebhookConfiguration": 30}
 
 
 def _check_reinvocation(docs: list[Doc]) -> None:
@@ -282,7 +299,7 @@ def _check_endpoints(docs: list[Doc]) -> None:
 
 def _check_replicas(docs: list[Doc]) -> None:
     deployment = one(docs, "Deployment")
-    assert deployment["spec"]["replicas"] >= 2
+    assert deployment["spec"]["replicas"] >= 3
     terms = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
         "preferredDuringSchedulingIgnoredDuringExecution"
     ]
@@ -359,18 +376,64 @@ def _check_drain(docs: list[Doc]) -> None:
     assert pod["terminationGracePeriodSeconds"] >= int(arg(docs, "--drain-seconds")) + 30
 
 
+def _check_spread(docs: list[Doc]) -> None:
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    keys = {c["topologyKey"] for c in pod["topologySpreadConstraints"]}
+    assert keys == {"kubernetes.io/hostname", "topology.kubernetes.io/zone"}
+    for constraint in pod["topologySpreadConstraints"]:
+        assert constraint["labelSelector"] == one(docs, "Deployment")["spec"]["selector"]
+    assert pod["priorityClassName"] == "system-cluster-critical"
+
+
+def _check_autoscaler(docs: list[Doc]) -> None:
+    hpa, deployment = one(docs, "HorizontalPodAutoscaler"), one(docs, "Deployment")
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": "webhook-gateway",
+    }
+    assert hpa["spec"]["minReplicas"] == deployment["spec"]["replicas"]
+    assert hpa["spec"]["minReplicas"] > one(docs, "PodDisruptionBudget")["spec"]["minAvailable"]
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["resource"]["name"] == "cpu"
+    assert "cpu" in container(docs)["resources"]["requests"], "utilization is relative to the request"
+
+
+def _check_network_policy(docs: list[Doc]) -> None:
+    policy = one(docs, "NetworkPolicy")
+    assert policy["spec"]["podSelector"] == one(docs, "Deployment")["spec"]["selector"]
+    assert set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+    ports = {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]}
+    assert ports == {"https", "metrics"}, "nothing else may reach the pods"
+    (metrics_rule,) = [r for r in policy["spec"]["ingress"] if r["ports"][0]["port"] == "metrics"]
+    assert metrics_rule["from"][0]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}
+    egress_ports = {p["port"] for rule in policy["spec"]["egress"] for p in rule.get("ports", [])}
+    assert {53, 443, 6443} <= egress_ports
+
+
+def _check_image(docs: list[Doc]) -> None:
+    from gateway import __version__
+
+    assert container(docs)["image"] == f"ghcr.io/OWNER/webhook-gateway:{__version__}"
+
+
 @pytest.mark.parametrize(
     "check",
     [
         pytest.param(
-            _check_wildcards, id="GW-10: wildcard rules, matchPolicy Exact, review versions v1+v1beta1"
+            _check_rules_from_config,
+            id="GW-10: the backends' rules (from `registration`), matchPolicy Exact, review versions v1+v1beta1",
+        ),
+        pytest.param(
+            _check_infrastructure_excluded,
+            id="GW-08: nodes, leases, events, reviews and CSRs, kube-system and kube-node-lease never wait on it",
         ),
         pytest.param(_check_side_effects, id="GW-09: both registrations declare sideEffects NoneOnDryRun"),
         pytest.param(
             _check_fail_closed_with_exclusions,
             id="GW-08: failurePolicy Fail, namespaceSelector excludes the own namespace and kube-system",
         ),
-        pytest.param(_check_timeout, id="GW-05: timeoutSeconds 30 leaves the whole budget to the chain"),
+        pytest.param(_check_timeout, id="GW-05: timeoutSeconds from the backends' budgets, at most 30"),
         pytest.param(_check_reinvocation, id="GW-07: the mutating registration has reinvocationPolicy Never"),
         pytest.param(_check_endpoints, id="REV-16: /validate and /mutate on the Service's port 443"),
         pytest.param(
@@ -385,6 +448,16 @@ def _check_drain(docs: list[Doc]) -> None:
         ),
         pytest.param(_check_mounts, id="CFG-25: config and TLS volumes mounted where the arguments point"),
         pytest.param(_check_drain, id="the grace period covers the drain plus a full review budget"),
+        pytest.param(
+            _check_spread, id="GW-08: spread over nodes and zones, priority system-cluster-critical"
+        ),
+        pytest.param(_check_autoscaler, id="an HPA on CPU never scales below the replicas the PDB needs"),
+        pytest.param(
+            _check_network_policy, id="NetworkPolicy: reviews and Prometheus in; DNS, apiserver, backends out"
+        ),
+        pytest.param(
+            _check_image, id="the manifests run the versioned image ghcr.io/<owner>/webhook-gateway"
+        ),
     ],
 )
 def test_safety_properties(variant: tuple[str, list[Doc]], check: Callable[[list[Doc]], None]) -> None:
@@ -394,7 +467,7 @@ def test_safety_properties(variant: tuple[str, list[Doc]], check: Callable[[list
 
 def test_cert_manager_wiring() -> None:
     """The CA injector annotation names a Certificate whose Secret the pod mounts and whose names fit."""
-    docs = render(DEPLOY / "cert-manager")
+    docs = render(DEPLOY / "cert-manager") + render(DEPLOY / "cert-manager" / "registration")
     namespace = _own_namespace(docs)
     certificates = {
         (d["metadata"]["namespace"], d["metadata"]["name"]): d for d in docs if d["kind"] == "Certificate"
@@ -418,6 +491,214 @@ def test_cert_manager_wiring() -> None:
         if doc["apiVersion"].startswith("cert-manager.io/"):
             assert doc["apiVersion"] == "cert-manager.io/v1"
             assert doc["metadata"]["namespace"] == namespace
+
+
+# --- the restricted Pod Security Standard -----------------------------------------------------------
+
+RESTRICTED_VOLUMES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
+
+
+def restricted_violations(pod: Doc) -> list[str]:
+    """What the "restricted" Pod Security Standard (baseline included) refuses in a pod spec."""
+    out = []
+    psc = pod.get("securityContext", {})
+    for field in ("hostNetwork", "hostPID", "hostIPC"):
+        if pod.get(field):
+            out.append(field)
+    for volume in pod.get("volumes", []):
+        kinds = set(volume) - {"name"}
+        if not kinds <= RESTRICTED_VOLUMES:
+            out.append(f"volume {volume['name']}: {kinds}")
+    if psc.get("sysctls"):
+        out.append("sysctls")
+    containers = pod["containers"] + pod.get("initContainers", []) + pod.get("ephemeralContainers", [])
+    for c in containers:
+        sc = c.get("securityContext", {})
+        name = c["name"]
+        if sc.get("privileged"):
+            out.append(f"{name}: privileged")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            out.append(f"{name}: allowPrivilegeEscalation must be false")
+        if sc.get("runAsNonRoot", psc.get("runAsNonRoot")) is not True:
+            out.append(f"{name}: runAsNonRoot must be true")
+        if sc.get("runAsUser", psc.get("runAsUser")) == 0:
+            out.append(f"{name}: runAsUser 0")
+        seccomp = sc.get("seccompProfile", psc.get("seccompProfile", {})).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            out.append(f"{name}: seccompProfile {seccomp}")
+        caps = sc.get("capabilities", {})
+        if "ALL" not in caps.get("drop", []):
+            out.append(f"{name}: capabilities must drop ALL")
+        if set(caps.get("add", [])) - {"NET_BIND_SERVICE"}:
+            out.append(f"{name}: adds capabilities {caps['add']}")
+        if any(p.get("hostPort") for p in c.get("ports", [])):
+            out.append(f"{name}: hostPort")
+        if sc.get("procMount", "Default") != "Default":
+            out.append(f"{name}: procMount")
+        if sc.get("readOnlyRootFilesystem") is not True:
+            out.append(f"{name}: root filesystem must be read-only")
+    return out
+
+
+RESTRICTED_CASES = [
+    pytest.param({}, {}, [], id="the shipped pod passes restricted"),
+    pytest.param({"hostNetwork": True}, {}, ["hostNetwork"], id="hostNetwork is refused"),
+    pytest.param(
+        {},
+        {"allowPrivilegeEscalation": True},
+        ["allowPrivilegeEscalation"],
+        id="privilege escalation is refused",
+    ),
+    pytest.param(
+        {},
+        {"capabilities": {"add": ["NET_ADMIN"]}},
+        ["adds capabilities"],
+        id="an added capability is refused",
+    ),
+    pytest.param({}, {"runAsNonRoot": False}, ["runAsNonRoot"], id="a root container is refused"),
+    pytest.param(
+        {"securityContext": {"seccompProfile": {"type": "Unconfined"}}},
+        {},
+        [],
+        id="the container's seccomp wins over the pod's",
+    ),
+]
+
+
+@pytest.mark.parametrize("directory", ["cert-manager", "overlays/production"])
+@pytest.mark.parametrize(("change", "container_change", "expect"), RESTRICTED_CASES)
+def test_pod_meets_restricted_pod_security(
+    directory: str, change: Doc, container_change: Doc, expect: list[str]
+) -> None:
+    """The rendered Deployment passes the "restricted" Pod Security Standard its Namespace enforces."""
+    docs = render(DEPLOY / directory)
+    namespace = one(docs, "Namespace")["metadata"]["labels"]
+    assert namespace["pod-security.kubernetes.io/enforce"] == "restricted"
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    for key, value in change.items():
+        pod[key] = {**pod.get(key, {}), **value} if isinstance(value, dict) else value
+    pod["containers"][0]["securityContext"].update(container_change)
+    found = restricted_violations(pod)
+    assert all(any(e in f for f in found) for e in expect) and bool(found) == bool(expect), found
+
+
+# --- components and overlays ---------------------------------------------------------------------
+
+
+def _combine(tmp_path: Path, resources: list[str], components: list[str]) -> list[Doc]:
+    """Render deploy/ resources with components, as an operator's own overlay would list them."""
+    copy_dir = tmp_path / "deploy"
+    shutil.copytree(DEPLOY, copy_dir)
+    overlay = copy_dir / "mine"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [f"../{r}" for r in resources],
+                "components": [f"../components/{c}" for c in components],
+            }
+        )
+    )
+    return render(overlay)
+
+
+COMBINATIONS = [
+    pytest.param(
+        [], {"ServiceMonitor": 0, "PodMonitor": 0, "PrometheusRule": 0}, id="plain: no monitoring objects"
+    ),
+    pytest.param(
+        ["monitoring"],
+        {"ServiceMonitor": 1, "PodMonitor": 0, "PrometheusRule": 1},
+        id="monitoring: ServiceMonitor, alerts, dashboard",
+    ),
+    pytest.param(
+        ["monitoring", "podmonitor"],
+        {"ServiceMonitor": 0, "PodMonitor": 1, "PrometheusRule": 1},
+        id="podmonitor replaces the ServiceMonitor",
+    ),
+    pytest.param(
+        ["high-availability"], {"ServiceMonitor": 0}, id="high availability: hard spread, 5 replicas"
+    ),
+]
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS[-1:])
+@pytest.mark.parametrize(("components", "counts"), COMBINATIONS)
+def test_components(tmp_path: Path, components: list[str], counts: dict[str, int], version: str) -> None:
+    """Each component renders with the cert-manager variant; every built-in object passes the schemas."""
+    docs = _combine(tmp_path, ["cert-manager"], components)
+    for kind, count in counts.items():
+        assert len([d for d in docs if d["kind"] == kind]) == count, kind
+    for doc in docs:
+        if not doc["apiVersion"].startswith(CRD_GROUPS):
+            kubernetes_validate.validate(doc, version, strict=True)
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    hard = {c["whenUnsatisfiable"] for c in pod["topologySpreadConstraints"]}
+    if "high-availability" in components:
+        assert hard == {"DoNotSchedule"}
+        assert (
+            one(docs, "Deployment")["spec"]["replicas"]
+            == one(docs, "HorizontalPodAutoscaler")["spec"]["minReplicas"]
+            == 5
+        )
+        assert one(docs, "PodDisruptionBudget")["spec"]["minAvailable"] == 3
+    else:
+        assert hard == {"ScheduleAnyway"}
+    if "self-managed-registration" in components:
+        _check_self_managed(docs)
+    if "monitoring" in components:
+        dashboard = one(docs, "ConfigMap", "webhook-gateway-dashboard")
+        assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert json.loads(dashboard["data"]["webhook-gateway.json"])["uid"] == "webhook-gateway"
+        monitor = next(d for d in docs if d["kind"] in ("ServiceMonitor", "PodMonitor"))
+        selector = monitor["spec"]["selector"]["matchLabels"]
+        target = (
+            one(docs, "Service", "webhook-gateway-metrics")
+            if monitor["kind"] == "ServiceMonitor"
+            else one(docs, "Deployment")["spec"]["template"]["metadata"]
+        )
+        assert (
+            selector.items() <= target["metadata"]["labels"].items()
+            if monitor["kind"] == "ServiceMonitor"
+            else selector.items() <= target["labels"].items()
+        )
+
+
+def _check_self_managed(docs: list[Doc]) -> None:
+    assert "--manage-registration" in container(docs)["args"]
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container(docs)["env"]}
+    assert env == {
+        "POD_NAME": "metadata.name",
+        "WEBHOOK_GATEWAY_REGISTRATION_NAMESPACE": "metadata.namespace",
+    }
+    role = one(docs, "ClusterRole", "webhook-gateway-registrar")
+    named = [r for r in role["rules"] if r.get("resourceNames")]
+    assert [r["verbs"] for r in role["rules"] if not r.get("resourceNames")] == [["create"]]
+    assert all(r["resourceNames"] == ["webhook-gateway"] and "delete" not in r["verbs"] for r in named)
+    local = one(docs, "Role", "webhook-gateway-registrar")
+    assert {
+        (r["resources"][0], tuple(r["verbs"]), tuple(r.get("resourceNames", ()))) for r in local["rules"]
+    } == {
+        ("leases", ("create",), ()),
+        ("leases", ("get", "update"), ("webhook-gateway-registration",)),
+        ("deployments", ("get",), ("webhook-gateway",)),
+    }
+    for binding in ("ClusterRoleBinding", "RoleBinding"):
+        bound = one(docs, binding, "webhook-gateway-registrar")
+        assert bound["subjects"] == [
+            {"kind": "ServiceAccount", "name": "webhook-gateway", "namespace": "webhook-gateway"}
+        ]
 
 
 # --- the certificate script ----------------------------------------------------------------------
@@ -489,8 +770,8 @@ async def test_gen_certs(
         "gw-system",
     )
     cert, key = (base64.b64decode(secret["data"][k]) for k in ("tls.crt", "tls.key"))
-    patch = yaml.safe_load((out / "cabundle-patch.yaml").read_text())
-    assert patch == [{"op": "add", "path": "/webhooks/0/clientConfig/caBundle", "value": printed[-1]}]
+    # the bundle `webhook-gateway registration --ca-bundle` puts into both registrations
+    assert (out / "certs" / "ca-bundle.pem").read_bytes() == ca_bundle
     await _handshake(cert, key, ca_bundle, "webhook-gateway.gw-system.svc", tmp_path)
     # Pods still serving the previous certificate stay trusted (re-run, or CA rotation in progress).
     await _handshake(*pairs[0], ca_bundle, "webhook-gateway.gw-system.svc", tmp_path)
@@ -501,7 +782,8 @@ async def test_gen_certs(
 
 async def test_openssl_variant_trusts_its_secret(openssl_deploy: Path, tmp_path: Path) -> None:
     """GW-08: in the openssl variant each registration's caBundle verifies the Secret's certificate."""
-    docs = render(openssl_deploy)
+    docs = render(openssl_deploy) + render(openssl_deploy / "registration")
+    assert len(list(hooks(docs))) == 2
     secret = one(docs, "Secret", "webhook-gateway-tls")
     cert, key = (base64.b64decode(secret["data"][k]) for k in ("tls.crt", "tls.key"))
     service, namespace = one(docs, "Service")["metadata"]["name"], _own_namespace(docs)
@@ -640,3 +922,24 @@ def test_backend_config_loads(tmp_path: Path) -> None:
         (tmp_path / key).write_text(text)
     snapshot = load.load_directory(tmp_path, strict_https=True, generation=0)
     assert (snapshot.validating, snapshot.mutating) == ((), ())
+
+
+def test_one_version_everywhere() -> None:
+    """`--version`, the image's version label and the manifests' image tag name the same version."""
+    from gateway import __version__
+
+    printed = subprocess.run(
+        [sys.executable, "-m", "gateway", "--version"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.strip()
+    assert printed == f"webhook-gateway {__version__}"
+    (label_default,) = [
+        line for line in (ROOT / "Dockerfile").read_text().splitlines() if line.startswith("ARG VERSION=")
+    ]
+    assert label_default == f"ARG VERSION={__version__}"
+    (image,) = yaml.safe_load((DEPLOY / "base" / "kustomization.yaml").read_text())["images"]
+    assert (image["newName"], image["newTag"]) == ("ghcr.io/OWNER/webhook-gateway", __version__)

@@ -360,6 +360,17 @@ class Metrics:
         self.config_last_reload_ok = _gauge(
             "config_last_reload_successful", "1 if the last configuration load attempt succeeded, else 0."
         )
+        self.backend_timeout = _gauge(
+            "backend_timeout_seconds",
+            "timeoutSeconds of each backend webhook in the configuration in force, per webhook name and "
+            "type: compare with backend_call_duration_seconds.",
+            ("name", "type"),
+        )  # fmt: skip
+        self.serving_certificate_expiry = _gauge(
+            "serving_certificate_expiry_timestamp_seconds",
+            "When the serving certificate in use expires (notAfter), in seconds since the Unix epoch; "
+            "absent without TLS.",
+        )  # fmt: skip
         self.connection_source: Callable[[], Mapping[Any, int]] | None = None
 
         self.families: tuple[Family[CounterChild] | Family[GaugeChild] | Family[HistogramChild], ...] = (
@@ -368,6 +379,7 @@ class Metrics:
             self.inbound_requests, self.config_reloads, self.backends, self.deadline_exhausted,
             self.reinvocations, self.call_duration, self.call_errors, self.review_duration,
             self.review_overhead, self.reviews_in_flight, self.config_generation, self.config_last_reload_ok,
+            self.backend_timeout, self.serving_certificate_expiry,
         )  # fmt: skip
         self._init_conversion()
         self._init_resilience()
@@ -642,6 +654,16 @@ class Metrics:
         self.config_generation.labels().value = generation
         for kind, count in backends.items():
             self.backends.labels(kind).value = count
+
+    def backends_configured(self, timeouts: Iterable[tuple[str, str, float]]) -> None:
+        """The configuration in force: ``(webhook name, kind, timeoutSeconds)`` per backend."""
+        self.backend_timeout.children.clear()
+        for name, kind, seconds in timeouts:
+            self.backend_timeout.labels(name, _WEBHOOK_TYPE.get(kind, kind)).value = seconds
+
+    def serving_certificate_loaded(self, not_after: float) -> None:
+        """The serving certificate now in use expires at ``not_after`` (Unix seconds)."""
+        self.serving_certificate_expiry.labels().value = not_after
 
     def set_connection_source(self, source: Callable[[], Mapping[Any, int]] | None) -> None:
         """At every scrape, ``source()`` gives the open connections per backend origin.

@@ -172,6 +172,11 @@ class Observability:
         }
         if self.prometheus is not None:
             self.prometheus.config_reloaded(ok, generation, backends)
+            if snapshot is not None:
+                self.prometheus.backends_configured(
+                    (hook.name, hook.kind, hook.timeout_seconds)
+                    for hook in (*snapshot.validating, *snapshot.mutating)
+                )
         # CRD conversion entries (CNV-01) are backends too; counted once a configuration has any.
         conversions = len(snapshot.conversions) if snapshot is not None else 0
         extra = {"conversion": conversions} if conversions else {}
@@ -190,6 +195,22 @@ class Observability:
             generation=generation,
             problems=[str(p) for p in problems],
         )
+
+    def serving_certificate_loaded(self, certfile: str) -> None:
+        """Export when the serving certificate just (re)loaded from ``certfile`` expires."""
+        if self.prometheus is None:
+            return
+        from cryptography import x509
+
+        try:
+            with open(certfile, "rb") as f:
+                cert = x509.load_pem_x509_certificate(f.read())
+        except (OSError, ValueError) as exc:
+            self._log.warning(
+                "cannot read the serving certificate's expiry", certfile=certfile, error=str(exc)
+            )
+            return
+        self.prometheus.serving_certificate_loaded(cert.not_valid_after_utc.timestamp())
 
     def watch_pool(self, pool: ConnectionCounts) -> None:
         """Export the pool's open connections per origin (``pool.open_connections()`` at each scrape)."""

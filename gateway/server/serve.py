@@ -132,6 +132,8 @@ async def serve(
 
     credentials = CredentialStore.load(options.backend_kubeconfig) if options.backend_kubeconfig else None
     tls = ReloadableTLS(options.certfile, options.keyfile, options.client_ca) if options.certfile else None
+    if tls is not None:
+        observer.serving_certificate_loaded(tls.certfile)
     readiness = Readiness()
     shutdown_requested = trio.Event()
 
@@ -215,7 +217,7 @@ async def serve(
                 partial(
                     watch_files,
                     [Path(tls.certfile), Path(tls.keyfile)],
-                    _reload_tls(tls),
+                    _reload_tls(tls, observer.serving_certificate_loaded),
                     interval=options.config_poll_seconds,
                 )
             )
@@ -246,10 +248,21 @@ async def serve(
             # stall the event loop for 20-40 ms (docs/performance.md).
             gc.collect()
             gc.freeze()
+            registrar = None
+            if getattr(options, "manage_registration", False):
+                from gateway.server.self_registration import registrar_from
+
+                registrar = registrar_from(
+                    options, lambda: store.snapshot, lambda: readiness.ready and not readiness.draining
+                )
+                await nursery.start(registrar.run)
             task_status.started(Running(urls, metrics_urls, app, shutdown_requested.set))
 
             await shutdown_requested.wait()
             readiness.draining = True  # /readyz → 503 at once; keep serving while endpoints update
+            if registrar is not None:
+                with trio.move_on_after(10):
+                    await registrar.shutdown()  # relax the registrations on uninstall; hand over the Lease
             log.info("shutting down: draining", drain_seconds=options.drain_seconds)
             await trio.sleep(options.drain_seconds)
             # Let in-flight reviews finish *before* hypercorn starts closing connections: its HTTP/2
@@ -288,11 +301,15 @@ def _reload_credentials(caller: Any, path: str) -> Callable[[Sequence[Path]], No
     return reload
 
 
-def _reload_tls(tls: ReloadableTLS) -> Callable[[Sequence[Path]], None]:
+def _reload_tls(
+    tls: ReloadableTLS, on_loaded: Callable[[str], None] | None = None
+) -> Callable[[Sequence[Path]], None]:
     def reload(_changed: Sequence[Path]) -> None:
         try:
             tls.reload()
             log.info("serving certificate reloaded", certfile=tls.certfile)
+            if on_loaded is not None:
+                on_loaded(tls.certfile)
         except (OSError, ssl.SSLError) as exc:
             log.error("serving certificate reload failed; keeping the old one", error=str(exc))
 

@@ -353,14 +353,30 @@ class KubeClient:
                 raise
             return tls
 
-    async def _open(self, url: str, path: str, query: Mapping[str, str] | None) -> HTTP11Exchange:
-        """Connect, send the GET and read the response head; a non-2xx status raises."""
-        with _mapped_errors("Get", url):
+    async def _open(
+        self,
+        url: str,
+        path: str,
+        query: Mapping[str, str] | None,
+        *,
+        method: str = "GET",
+        body: bytes = b"",
+        content_type: str = "application/json",
+    ) -> HTTP11Exchange:
+        """Connect, send the request and read the response head; a non-2xx status raises."""
+        verb = method.capitalize()
+        with _mapped_errors(verb, url):
             stream = await self._connect()
         try:
             exchange = HTTP11Exchange(stream)
-            with _mapped_errors("Get", url):
-                await exchange.send(b"GET", self._target(path, query).encode(), self._headers())
+            headers = self._headers()
+            if body or method in ("POST", "PUT", "PATCH"):
+                headers += [
+                    (b"content-type", content_type.encode()),
+                    (b"content-length", str(len(body)).encode()),
+                ]
+            with _mapped_errors(verb, url):
+                await exchange.send(method.encode(), self._target(path, query).encode(), headers, body)
                 status, _headers = await exchange.receive_head()
                 ok = 200 <= status < 300
                 error_body = b"" if ok else await exchange.receive_body(self.max_body_bytes)
@@ -369,8 +385,26 @@ class KubeClient:
             raise
         if not ok:
             await trio.aclose_forcefully(stream)
-            raise _api_error(url, status, error_body)
+            raise _api_error(url, status, error_body, verb=verb)
         return exchange
+
+    async def request(
+        self, method: str, path: str, body: bytes = b"", *, content_type: str = "application/json"
+    ) -> bytes:
+        """The body of a 2xx reply to ``METHOD path``; ``KubeAPIError`` (with ``code``) otherwise.
+
+        Writes (POST, PUT, PATCH, DELETE) go through the same connection code as reads.
+        """
+        url = self.url(path)
+        verb = method.capitalize()
+        with trio.move_on_after(self.request_timeout):
+            exchange = await self._open(url, path, None, method=method, body=body, content_type=content_type)
+            try:
+                with _mapped_errors(verb, url):
+                    return await exchange.receive_body(self.max_body_bytes)
+            finally:
+                await exchange.aclose()
+        raise KubeTransportError(f'{verb} "{url}": context deadline exceeded')
 
     async def get(self, path: str, query: Mapping[str, str] | None = None) -> bytes:
         """The body of a 2xx reply to ``GET path?query``; ``KubeAPIError`` for any other status."""
@@ -405,10 +439,10 @@ class KubeClient:
             await exchange.aclose()
 
 
-def _api_error(url: str, code: int, body: bytes) -> KubeAPIError:
+def _api_error(url: str, code: int, body: bytes, *, verb: str = "Get") -> KubeAPIError:
     status = decode_status(body)
     if status is not None and status.message:
         return KubeAPIError(status.message, code=code, reason=status.reason, message=status.message)
     text = body.decode("utf-8", "replace").strip()[:200]
     message = f"the server responded with status {code}" + (f": {text}" if text else "")
-    return KubeAPIError(f'Get "{url}": {message}', code=code, reason=status.reason if status else "")
+    return KubeAPIError(f'{verb} "{url}": {message}', code=code, reason=status.reason if status else "")

@@ -1,5 +1,9 @@
 """A fake kube-apiserver serving Namespaces and EndpointSlices on 127.0.0.1 over TLS, in the real wire format.
 
+Also a small object store under ``/apis/`` (Leases, webhook configurations, Deployments): GET,
+POST (201, or 409 ``AlreadyExists``), PUT (409 ``Conflict`` when ``metadata.resourceVersion`` is
+not the stored one), JSON merge PATCH and DELETE, each write bumping the resourceVersion.
+
 ``NamespaceList`` with ``metadata.resourceVersion`` (and ``continue`` pagination), chunked watch
 responses with one JSON ``WatchEvent`` per line, ``BOOKMARK`` events carrying only a
 resourceVersion, ``ERROR`` events with a 410 ``Expired`` Status, HTTP 410 ``Gone``, and ``Status``
@@ -66,6 +70,9 @@ class FakeKubeAPI:
     _slice_watchers: list[tuple[str, str, trio.MemorySendChannel[dict[str, Any]]]] = field(
         default_factory=list
     )
+    objects: dict[str, dict[str, Any]] = field(default_factory=dict)  # object path -> object
+    writes: list[tuple[str, str, int]] = field(default_factory=list)  # (method, path, status)
+    interfere: dict[str, int] = field(default_factory=dict)  # path -> next PUTs raced by another writer
 
     # -- state changes, as the apiserver would record them --
 
@@ -214,24 +221,29 @@ class FakeKubeAPI:
         conn = h11.Connection(h11.SERVER)
         try:
             request = None
+            body = bytearray()
             while True:
                 event = conn.next_event()
                 if event is h11.NEED_DATA:
                     conn.receive_data(await stream.receive_some(65536))
                 elif isinstance(event, h11.Request):
                     request = event
+                elif isinstance(event, h11.Data):
+                    body += event.data
                 elif isinstance(event, h11.EndOfMessage):
                     break
                 elif isinstance(event, h11.ConnectionClosed):
                     return
             assert request is not None
-            await self.route(conn, stream, request)
+            await self.route(conn, stream, request, bytes(body))
         except (trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError, ssl.SSLError):
             pass
         finally:
             await trio.aclose_forcefully(stream)
 
-    async def route(self, conn: h11.Connection, stream: trio.abc.Stream, request: h11.Request) -> None:
+    async def route(
+        self, conn: h11.Connection, stream: trio.abc.Stream, request: h11.Request, body: bytes = b""
+    ) -> None:
         target = urllib.parse.urlsplit(request.target.decode())
         query = dict(urllib.parse.parse_qsl(target.query))
         headers = {k.decode().lower(): v.decode() for k, v in request.headers}
@@ -255,6 +267,13 @@ class FakeKubeAPI:
             else:
                 await self.list_slices(conn, stream, namespace, service)
             return
+        if target.path.startswith("/apis/"):
+            code, reply = self.store(request.method.decode(), target.path, body, headers)
+            self.writes.append(
+                (request.method.decode(), target.path, code)
+            ) if request.method != b"GET" else None
+            await self.reply(conn, stream, code, reply)
+            return
         if target.path == "/api/v1/namespaces":
             if query.get("watch") in ("1", "true"):
                 await self.watch(conn, stream, query)
@@ -273,6 +292,62 @@ class FakeKubeAPI:
             return
         await self.reply(conn, stream, 404, status_doc(404, "NotFound", "the server could not find it"))
         return
+
+    # -- the object store under /apis/ --
+
+    def store(self, method: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, Any]:
+        parts = path.strip("/").split("/")  # apis, group, version, [namespaces, ns,] resource[, name]
+        group = parts[1]
+        resource = parts[-1] if method == "POST" else parts[-2]
+        qualified = f"{resource}.{group}"
+        if method == "POST":
+            obj = json.loads(body)
+            name = obj["metadata"]["name"]
+            key = f"{path}/{name}"
+            if key in self.objects:
+                return 409, status_doc(409, "AlreadyExists", f'{qualified} "{name}" already exists',
+                                       {"name": name, "group": group, "kind": resource})  # fmt: skip
+            return 201, self._save(key, obj)
+        name = parts[-1]
+        current = self.objects.get(path)
+        if current is None:
+            return 404, status_doc(404, "NotFound", f'{qualified} "{name}" not found',
+                                   {"name": name, "group": group, "kind": resource})  # fmt: skip
+        if method == "GET":
+            return 200, current
+        if method == "DELETE":
+            del self.objects[path]
+            return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success", "details": {"name": name}}
+        if method == "PUT":
+            if self.interfere.get(path):
+                self.interfere[path] -= 1
+                current = self._save(path, current)  # someone else wrote between our GET and PUT
+            obj = json.loads(body)
+            if obj.get("metadata", {}).get("resourceVersion") != current["metadata"]["resourceVersion"]:
+                message = (
+                    f'Operation cannot be fulfilled on {qualified} "{name}": the object has been modified; '
+                    "please apply your changes to the latest version and try again"
+                )
+                return 409, status_doc(
+                    409, "Conflict", message, {"name": name, "group": group, "kind": resource}
+                )
+            return 200, self._save(path, obj)
+        if method == "PATCH":
+            if headers.get("content-type") != "application/merge-patch+json":
+                return 415, status_doc(
+                    415, "UnsupportedMediaType", "the body of the request was in an unknown format"
+                )
+            return 200, self._save(path, merge_patch(current, json.loads(body)))
+        return 405, status_doc(405, "MethodNotAllowed", f"{method} is not allowed")
+
+    def _save(self, key: str, obj: dict[str, Any]) -> dict[str, Any]:
+        self.rv += 1
+        meta = obj.setdefault("metadata", {})
+        meta["resourceVersion"] = str(self.rv)
+        meta.setdefault("uid", f"uid-{self.rv}")
+        meta.setdefault("creationTimestamp", "2026-01-01T00:00:00Z")
+        self.objects[key] = obj
+        return obj
 
     async def reply(self, conn: h11.Connection, stream: trio.abc.Stream, code: int, body: Any) -> None:
         data = json.dumps(body).encode()
@@ -415,6 +490,19 @@ class FakeKubeAPI:
 
 SLICE_API = "discovery.k8s.io/v1"
 SLICES_PREFIX = "/apis/discovery.k8s.io/v1/namespaces/"
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
 
 
 def write_kubeconfig(api: FakeKubeAPI, path: Path, user: dict[str, Any] | None = None) -> Path:
