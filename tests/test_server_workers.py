@@ -1,0 +1,417 @@
+"""`--workers N`: N gateway processes on one socket, supervised; the real CLI as a subprocess.
+
+Reviews go to 127.0.0.1 through real sockets to the real command line; the backend is the sample
+backend server, the namespace watch the fake kube-apiserver. Worker processes are found in /proc
+as the supervisor's children.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+import trio
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.observability import Metrics
+from gateway.server.workers import available_cpus, capture, merge
+from tests.support.client import connect
+from tests.support.gateway import backend, review, write_config
+from tests.support.kubeapi import FakeKubeAPI, write_kubeconfig
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# --- how many workers by default -----------------------------------------------------------------
+
+
+def _cgroup(tmp_path: Path, proc: str, files: dict[str, str]) -> tuple[Path, Path]:
+    (tmp_path / "proc-cgroup").write_text(proc)
+    root = tmp_path / "cgroup"
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    root.mkdir(exist_ok=True)
+    return tmp_path / "proc-cgroup", root
+
+
+CPU_CASES = [
+    pytest.param(
+        8, "0::/\n", {"cpu.max": "max 100000\n"}, 8, id="cgroup v2 without a quota: the affinity mask"
+    ),
+    pytest.param(
+        8, "0::/\n", {"cpu.max": "150000 100000\n"}, 2, id="cgroup v2 quota of 1.5 CPUs: rounded up to 2"
+    ),
+    pytest.param(
+        8, "0::/\n", {"cpu.max": "20000 100000\n"}, 1, id="cgroup v2 quota below one CPU: one worker"
+    ),
+    pytest.param(2, "0::/\n", {"cpu.max": "400000 100000\n"}, 2, id="affinity of 2 under a quota of 4: 2"),
+    pytest.param(
+        16,
+        "0::/kubepods/pod1/ctr\n",
+        {"kubepods/pod1/ctr/cpu.max": "max 100000\n", "kubepods/pod1/cpu.max": "300000 100000\n"},
+        3,
+        id="cgroup v2: a parent's quota limits the container too",
+    ),
+    pytest.param(
+        8,
+        "12:cpu,cpuacct:/\n1:name=systemd:/\n",
+        {"cpu,cpuacct/cpu.cfs_quota_us": "250000\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"},
+        3,
+        id="cgroup v1 cfs quota of 2.5 CPUs: 3",
+    ),
+    pytest.param(
+        8,
+        "12:cpu,cpuacct:/\n",
+        {"cpu,cpuacct/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"},
+        8,
+        id="cgroup v1 without a quota (-1): the affinity mask",
+    ),
+    pytest.param(4, "", {}, 4, id="no cgroup information: the affinity mask"),
+]
+
+
+@pytest.mark.parametrize(("affinity", "proc", "files", "expected"), CPU_CASES)
+def test_default_worker_count(
+    tmp_path: Path, affinity: int, proc: str, files: dict[str, str], expected: int
+) -> None:
+    proc_cgroup, root = _cgroup(tmp_path, proc, files)
+    assert available_cpus(affinity=affinity, proc_cgroup=proc_cgroup, cgroup_root=root) == expected
+
+
+def test_default_worker_count_of_this_process() -> None:
+    """Without overrides: never more than the CPUs in this process's affinity mask, at least one."""
+    assert 1 <= available_cpus() <= len(os.sched_getaffinity(0))
+
+
+# --- merging the workers' metrics ----------------------------------------------------------------
+
+
+def _values(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = metrics.render()[0].decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_merged_metrics_add_counters_and_histograms_and_combine_gauges_per_family() -> None:
+    """MET: counters and histograms of two workers add up; in-flight adds; config generation is the lowest."""
+    a, b = Metrics(), Metrics()
+    for worker, reviews, generation in ((a, 3, 2), (b, 2, 1)):
+        worker.config_reloaded(True, generation, {"validating": 1, "mutating": 0})
+        for _ in range(reviews):
+            worker.review_started("validating")
+            worker.review_finished("validating", code=200, seconds=0.002, operation="CREATE", allowed=True)
+        worker.review_started("validating")  # one in flight in each
+    merged = Metrics()
+    merge(merged, [capture(a), capture(b)])
+    got = _values(merged)
+    code = (("code", "200"), ("endpoint", "validating"))
+    assert got[("webhook_gateway_inbound_requests_total", code)] == 5
+    assert (
+        got[
+            (
+                "webhook_gateway_review_duration_seconds_count",
+                (("decision", "allowed"), ("endpoint", "validating")),
+            )
+        ]
+        == 5
+    )
+    assert got[("webhook_gateway_reviews_in_flight", (("endpoint", "validating"),))] == 2
+    assert got[("webhook_gateway_config_generation", ())] == 1
+    assert got[("webhook_gateway_config_reloads_total", (("result", "success"),))] == 2
+
+
+def test_a_restarted_worker_continues_its_predecessors_counters_but_not_its_gauges() -> None:
+    """A worker started in the slot of a dead one starts from its last snapshot: totals never go back."""
+    old = Metrics()
+    old.review_started("mutating")
+    old.review_finished("mutating", code=200, seconds=0.001, operation="CREATE", allowed=False)
+    old.review_started("mutating")  # in flight when it died
+    new = Metrics()
+    merge(new, [capture(old)], gauges=False)
+    got = _values(new)
+    assert got[("webhook_gateway_inbound_requests_total", (("code", "200"), ("endpoint", "mutating")))] == 1
+    assert got[("webhook_gateway_reviews_in_flight", (("endpoint", "mutating"),))] == 0
+
+
+# --- the real command line with --workers 2 ------------------------------------------------------
+
+
+def _children(pid: int) -> set[int]:
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.add(int(entry.name))
+    return found
+
+
+class Gateway:
+    def __init__(self, process: trio.Process, port: int, config: Path) -> None:
+        self.process = process
+        self.port = port
+        self.config = config
+
+    async def get(self, path: str) -> tuple[int, str]:
+        client = await connect("127.0.0.1", self.port)  # a new connection: any worker may take it
+        try:
+            resp = await client.post(path, b"", method="GET")
+            assert resp is not None
+            return resp.status, resp.body.decode()
+        finally:
+            await client.aclose()
+
+    async def review(self, endpoint: str = "validate") -> dict[str, object]:
+        client = await connect("127.0.0.1", self.port)
+        try:
+            resp = await client.post(f"/{endpoint}?timeout=10s", json.dumps(review()).encode())
+            assert resp is not None and resp.status == 200
+            return resp.json["response"]  # type: ignore[no-any-return]
+        finally:
+            await client.aclose()
+
+    async def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        status, text = await self.get("/metrics")
+        assert status == 200
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+
+    async def metric_sum(self, name: str) -> float:
+        return sum(v for (n, _), v in (await self.metrics()).items() if n == name)
+
+    async def wait_ready(self, timeout: float = 40) -> None:
+        with trio.fail_after(timeout):
+            while True:
+                assert self.process.returncode is None, "the gateway exited before it was ready"
+                try:
+                    if (await self.get("/readyz"))[0] == 200:
+                        return
+                except OSError:
+                    pass
+                await trio.sleep(0.1)
+
+    def workers(self) -> set[int]:
+        return _children(self.process.pid)
+
+
+@asynccontextmanager
+async def gateway(tmp_path: Path, *args: str, ready: bool = True) -> AsyncIterator[Gateway]:
+    port = free_port()
+    process = await trio.lowlevel.open_process(
+        [
+            sys.executable, "-m", "gateway", "--config", str(tmp_path / "config"),
+            "--bind", f"127.0.0.1:{port}", "--workers", "2", "--log-level", "warning",
+            "--drain-seconds", "0.3", "--shutdown-timeout", "5", "--config-poll-seconds", "0.2", *args,
+        ],
+        cwd=REPO,
+    )  # fmt: skip
+    gw = Gateway(process, port, tmp_path / "config")
+    try:
+        if ready:
+            await gw.wait_ready()
+        yield gw
+    finally:
+        if process.returncode is None:
+            for child in gw.workers():
+                os.kill(child, signal.SIGKILL)
+            process.kill()
+            await process.wait()
+
+
+@pytest.fixture
+async def allow_backend(nursery: trio.Nursery) -> str:
+    from gateway.devtools.backends import serve_backend
+
+    server = await nursery.start(
+        lambda task_status: serve_backend(record_calls=False, task_status=task_status)
+    )
+    return f"http://127.0.0.1:{server.port}"
+
+
+def _config(tmp_path: Path, base: str, path: str = "/allow", **fields: object) -> None:
+    hooks = [backend("check.example.com", path, **fields)]
+    hooks[0]["clientConfig"]["url"] = base + path
+    write_config(tmp_path / "config", validating={"policy": hooks})
+
+
+async def _review_until_both_workers_served(gw: Gateway, limit: int = 200) -> int:
+    """Send reviews on new connections until both workers have answered some; returns how many."""
+    sent = 0
+    while sent < limit:
+        for _ in range(10):
+            assert (await gw.review())["allowed"] is True
+            sent += 1
+        await trio.sleep(0.6)  # > DUMP_SECONDS: the other worker's share is in /metrics
+        per_worker = {
+            k: v for k, v in (await gw.metrics()).items() if k[0] == "webhook_gateway_worker_reviews_total"
+        }
+        if len(per_worker) == 2 and all(v > 0 for v in per_worker.values()):
+            return sent
+    raise AssertionError(f"one worker served all {sent} reviews")
+
+
+async def _eventually(check: object, timeout: float = 10.0) -> None:
+    with trio.fail_after(timeout):
+        while not await check():  # type: ignore[operator]
+            await trio.sleep(0.2)
+
+
+async def test_two_workers_share_the_socket_and_metrics_count_every_review(
+    tmp_path: Path, allow_backend: str
+) -> None:
+    """Both workers answer reviews on the one port; /metrics on any worker counts all of them."""
+    _config(tmp_path, allow_backend)
+    async with gateway(tmp_path) as gw:
+        assert len(gw.workers()) == 2
+        sent = await _review_until_both_workers_served(gw)
+        for _ in range(4):  # every scrape, whichever worker answers it, sees the same totals
+            assert await gw.metric_sum("webhook_gateway_inbound_requests_total") == sent
+            assert await gw.metric_sum("webhook_gateway_worker_reviews_total") == sent
+            calls = await gw.metric_sum("webhook_gateway_admission_webhook_request_total")
+            assert calls == sent
+        got = await gw.metrics()
+        assert got[("webhook_gateway_workers", ())] == 2
+        assert got[("webhook_gateway_workers_ready", ())] == 2
+
+
+async def test_a_killed_worker_is_restarted_counted_and_reviews_keep_being_answered(
+    tmp_path: Path, allow_backend: str
+) -> None:
+    """kill -9 of one worker: /readyz turns 503 until its successor is ready; counts survive; restarts=1."""
+    _config(tmp_path, allow_backend)
+    async with gateway(tmp_path) as gw:
+        sent = await _review_until_both_workers_served(gw)
+        await trio.sleep(0.6)  # both workers' counts are in their snapshots
+        before = gw.workers()
+        victim = min(before)
+        os.kill(victim, signal.SIGKILL)
+        seen_not_ready = False
+        with trio.fail_after(40):
+            while True:  # reviews keep being answered by the survivor meanwhile
+                assert (await gw.review())["allowed"] is True
+                sent += 1
+                status, _ = await gw.get("/readyz")
+                seen_not_ready |= status == 503
+                now = gw.workers()
+                if seen_not_ready and status == 200 and len(now) == 2:
+                    break
+                await trio.sleep(0.05)
+        assert victim not in now and len(now - before) == 1
+        await trio.sleep(0.6)
+        got = await gw.metrics()
+        assert sum(v for (n, _), v in got.items() if n == "webhook_gateway_worker_restarts_total") == 1
+        assert await gw.metric_sum("webhook_gateway_inbound_requests_total") == sent
+
+
+async def test_sigterm_drains_every_worker_and_exits_within_the_bound(
+    tmp_path: Path, allow_backend: str
+) -> None:
+    """SIGTERM: /readyz 503 on every worker, in-flight reviews finish, all processes exit 0."""
+    _config(tmp_path, allow_backend, "/sleep/800/allow")
+    async with gateway(tmp_path) as gw:
+        workers = gw.workers()
+        answers: list[bool] = []
+
+        async def in_flight() -> None:
+            answers.append(bool((await gw.review())["allowed"]))
+
+        async with trio.open_nursery() as inner:
+            for _ in range(4):
+                inner.start_soon(in_flight)
+            await trio.sleep(0.3)
+            gw.process.send_signal(signal.SIGTERM)
+            await trio.sleep(0.1)
+            for _ in range(4):
+                assert (await gw.get("/readyz"))[0] == 503
+        assert answers == [True] * 4
+        # --drain-seconds 0.3 + --shutdown-timeout 5 + the supervisor's 5 s margin
+        with trio.fail_after(10.3 + 5):
+            assert await gw.process.wait() == 0
+        assert not any(Path(f"/proc/{pid}").exists() and _zombie_or_alive(pid) for pid in workers)
+
+
+def _zombie_or_alive(pid: int) -> bool:
+    try:
+        return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) != "Z"
+    except OSError:
+        return False
+
+
+async def test_a_configuration_change_reaches_every_worker(tmp_path: Path, allow_backend: str) -> None:
+    """CFG: both workers reload: the lowest config generation reaches 2, and every worker denies."""
+    _config(tmp_path, allow_backend)
+    async with gateway(tmp_path) as gw:
+        assert (await gw.metrics())[("webhook_gateway_config_generation", ())] == 1
+        _config(tmp_path, allow_backend, "/deny/403/closed")
+
+        async def reloaded() -> bool:
+            return (await gw.metrics())[("webhook_gateway_config_generation", ())] == 2
+
+        await _eventually(reloaded, timeout=20)
+        for _ in range(10):
+            assert (await gw.review())["allowed"] is False
+
+
+async def test_readiness_is_false_until_every_worker_is_ready(
+    tmp_path: Path, allow_backend: str, kube_api: FakeKubeAPI
+) -> None:
+    """MAT-33: one worker's first namespace list fails; /readyz stays 503 on every worker until it synced."""
+    hooks = [backend("check.example.com", "/allow", namespaceSelector={"matchLabels": {"team": "a"}})]
+    hooks[0]["clientConfig"]["url"] = allow_backend + "/allow"
+    write_config(tmp_path / "config", validating={"policy": hooks})
+    kubeconfig = write_kubeconfig(kube_api, tmp_path / "kubeconfig")
+    kube_api.fail_lists = 1  # the first worker to list gets a 500 and retries after its back-off
+    args = ("--namespace-source", "cluster", "--kubeconfig", str(kubeconfig))
+    async with gateway(tmp_path, *args, ready=False) as gw:
+        with trio.fail_after(40):
+            while len(kube_api.lists()) < 2:  # one failed, one succeeded: one worker is ready
+                await trio.sleep(0.02)
+        for _ in range(4):
+            status, _ = await gw.get("/readyz")
+            if len(kube_api.lists()) > 2:
+                break  # the retry already happened
+            assert status == 503
+        await gw.wait_ready()
+
+        async def both_watching() -> bool:
+            return len(kube_api.watches()) >= 2
+
+        await _eventually(both_watching)
+        # Namespace labels are watched once per worker: N lists (+1 retried) and N watches, no more.
+        assert len(kube_api.lists()) == 3
+        assert len(kube_api.watches()) == 2
+
+
+async def test_a_configuration_refused_at_start_stops_every_worker_with_exit_code_2(tmp_path: Path) -> None:
+    """CFG-23: as with one process, an invalid configuration at start is exit code 2."""
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "bad.yaml").write_text(
+        "apiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingWebhookConfiguration\n"
+        "metadata: {name: x}\nwebhooks: [{name: bad}]\n"
+    )
+    async with gateway(tmp_path, ready=False) as gw:
+        with trio.fail_after(40):
+            assert await gw.process.wait() == 2
