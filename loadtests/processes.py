@@ -117,6 +117,9 @@ def spawn_gateway(
     cmd = [sys.executable, "-m", "gateway", "--config", str(config_dir), "--bind", f"127.0.0.1:{port}"]
     if certs is not None:
         cmd += ["--certfile", str(certs.certfile), "--keyfile", str(certs.keyfile)]
+    if not any(arg.startswith("--workers") for arg in extra):
+        # One process unless asked: CPU per review is read from this one pid's /proc/<pid>/stat.
+        cmd += ["--workers", "1"]
     cmd += extra
     with log.open("wb") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=_env())  # noqa: S603  # list argv
