@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trustme
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.observability import Metrics
@@ -171,9 +173,11 @@ class Gateway:
         self.process = process
         self.port = port
         self.config = config
+        self.tls: ssl.SSLContext | None = None
 
-    async def get(self, path: str) -> tuple[int, str]:
-        client = await connect("127.0.0.1", self.port)  # a new connection: any worker may take it
+    async def get(self, path: str, port: int | None = None) -> tuple[int, str]:
+        # A new connection each time: any worker may take it.
+        client = await connect("127.0.0.1", port or self.port, ssl_context=self.tls if port is None else None)
         try:
             resp = await client.post(path, b"", method="GET")
             assert resp is not None
@@ -182,7 +186,7 @@ class Gateway:
             await client.aclose()
 
     async def review(self, endpoint: str = "validate") -> dict[str, object]:
-        client = await connect("127.0.0.1", self.port)
+        client = await connect("127.0.0.1", self.port, ssl_context=self.tls)
         try:
             resp = await client.post(f"/{endpoint}?timeout=10s", json.dumps(review()).encode())
             assert resp is not None and resp.status == 200
@@ -190,8 +194,8 @@ class Gateway:
         finally:
             await client.aclose()
 
-    async def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        status, text = await self.get("/metrics")
+    async def metrics(self, port: int | None = None) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        status, text = await self.get("/metrics", port)
         assert status == 200
         return {
             (s.name, tuple(sorted(s.labels.items()))): s.value
@@ -199,8 +203,8 @@ class Gateway:
             for s in family.samples
         }
 
-    async def metric_sum(self, name: str) -> float:
-        return sum(v for (n, _), v in (await self.metrics()).items() if n == name)
+    async def metric_sum(self, name: str, port: int | None = None) -> float:
+        return sum(v for (n, _), v in (await self.metrics(port)).items() if n == name)
 
     async def wait_ready(self, timeout: float = 40) -> None:
         with trio.fail_after(timeout):
@@ -218,26 +222,30 @@ class Gateway:
 
 
 @asynccontextmanager
-async def gateway(tmp_path: Path, *args: str, ready: bool = True) -> AsyncIterator[Gateway]:
+async def gateway(
+    tmp_path: Path, *args: str, ready: bool = True, tls: ssl.SSLContext | None = None, workers: int = 2
+) -> AsyncIterator[Gateway]:
     port = free_port()
     process = await trio.lowlevel.open_process(
         [
             sys.executable, "-m", "gateway", "--config", str(tmp_path / "config"),
-            "--bind", f"127.0.0.1:{port}", "--workers", "2", "--log-level", "warning",
+            "--bind", f"127.0.0.1:{port}", "--workers", str(workers), "--log-level", "warning",
             "--drain-seconds", "0.3", "--shutdown-timeout", "5", "--config-poll-seconds", "0.2", *args,
         ],
         cwd=REPO,
     )  # fmt: skip
     gw = Gateway(process, port, tmp_path / "config")
+    gw.tls = tls
     try:
         if ready:
             await gw.wait_ready()
         yield gw
     finally:
         if process.returncode is None:
-            for child in gw.workers():
-                os.kill(child, signal.SIGKILL)
+            children = gw.workers()
             process.kill()
+            for child in children:
+                os.kill(child, signal.SIGKILL)
             await process.wait()
 
 
@@ -284,11 +292,13 @@ async def test_two_workers_share_the_socket_and_metrics_count_every_review(
 ) -> None:
     """Both workers answer reviews on the one port; /metrics on any worker counts all of them."""
     _config(tmp_path, allow_backend)
-    async with gateway(tmp_path) as gw:
+    metrics_port = free_port()
+    async with gateway(tmp_path, "--metrics-bind", f"127.0.0.1:{metrics_port}") as gw:
         assert len(gw.workers()) == 2
         sent = await _review_until_both_workers_served(gw)
         for _ in range(4):  # every scrape, whichever worker answers it, sees the same totals
             assert await gw.metric_sum("webhook_gateway_inbound_requests_total") == sent
+            assert await gw.metric_sum("webhook_gateway_inbound_requests_total", metrics_port) == sent
             assert await gw.metric_sum("webhook_gateway_worker_reviews_total") == sent
             calls = await gw.metric_sum("webhook_gateway_admission_webhook_request_total")
             assert calls == sent
@@ -415,3 +425,41 @@ async def test_a_configuration_refused_at_start_stops_every_worker_with_exit_cod
     async with gateway(tmp_path, ready=False) as gw:
         with trio.fail_after(40):
             assert await gw.process.wait() == 2
+
+
+async def test_one_worker_is_one_process_without_a_supervisor(tmp_path: Path, allow_backend: str) -> None:
+    """--workers 1 is the single-process gateway: no child process, reviews answered."""
+    _config(tmp_path, allow_backend)
+    async with gateway(tmp_path, workers=1) as gw:
+        assert (await gw.review())["allowed"] is True
+        assert gw.workers() == set()
+
+
+async def test_a_rotated_serving_certificate_reaches_every_worker(tmp_path: Path, allow_backend: str) -> None:
+    """TRN: after the certificate files change, both workers present the new certificate."""
+    _config(tmp_path, allow_backend)
+    old_ca, new_ca = trustme.CA(), trustme.CA()
+    pem = tmp_path / "tls.pem"
+    old_ca.issue_cert("localhost", "127.0.0.1").private_key_and_cert_chain_pem.write_to_path(pem)
+    old_trust, new_trust = ssl.create_default_context(), ssl.create_default_context()
+    old_ca.configure_trust(old_trust)
+    new_ca.configure_trust(new_trust)
+    async with gateway(tmp_path, "--certfile", str(pem), "--keyfile", str(pem), tls=old_trust) as gw:
+        new_ca.issue_cert("localhost", "127.0.0.1").private_key_and_cert_chain_pem.write_to_path(pem)
+        gw.tls = new_trust  # from now on, only a connection presenting the new certificate succeeds
+
+        async def both_rotated() -> bool:
+            try:
+                before = await gw.metrics()
+                for _ in range(10):
+                    assert (await gw.review())["allowed"] is True
+                await trio.sleep(0.6)
+                after = await gw.metrics()
+            except (ssl.SSLError, trio.BrokenResourceError):
+                return False  # a worker still presents the old certificate
+            served = [
+                after[k] - before.get(k, 0) for k in after if k[0] == "webhook_gateway_worker_reviews_total"
+            ]
+            return len(served) == 2 and all(n > 0 for n in served)
+
+        await _eventually(both_rotated, timeout=30)
