@@ -463,3 +463,18 @@ async def test_a_rotated_serving_certificate_reaches_every_worker(tmp_path: Path
             return len(served) == 2 and all(n > 0 for n in served)
 
         await _eventually(both_rotated, timeout=30)
+
+
+async def test_workers_stop_by_themselves_when_the_supervisor_is_killed(
+    tmp_path: Path, allow_backend: str
+) -> None:
+    """kill -9 of the supervisor: its workers notice, drain and exit instead of serving on unsupervised."""
+    _config(tmp_path, allow_backend)
+    async with gateway(tmp_path) as gw:
+        workers = gw.workers()
+        assert len(workers) == 2
+        gw.process.kill()
+        await gw.process.wait()
+        with trio.fail_after(30):
+            while any(_zombie_or_alive(pid) for pid in workers):
+                await trio.sleep(0.1)
