@@ -7,6 +7,7 @@ as the supervisor's children.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -174,6 +175,7 @@ class Gateway:
         self.port = port
         self.config = config
         self.tls: ssl.SSLContext | None = None
+        self.seen: set[int] = set()  # every worker pid seen, to clean up after a failed test
 
     async def get(self, path: str, port: int | None = None) -> tuple[int, str]:
         # A new connection each time: any worker may take it.
@@ -218,7 +220,9 @@ class Gateway:
                 await trio.sleep(0.1)
 
     def workers(self) -> set[int]:
-        return _children(self.process.pid)
+        found = _children(self.process.pid)
+        self.seen |= found
+        return found
 
 
 @asynccontextmanager
@@ -242,11 +246,13 @@ async def gateway(
         yield gw
     finally:
         if process.returncode is None:
-            children = gw.workers()
+            gw.workers()
             process.kill()
-            for child in children:
-                os.kill(child, signal.SIGKILL)
             await process.wait()
+        for pid in gw.seen:  # workers left behind by a failed test
+            with contextlib.suppress(OSError):
+                if b"worker_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture
