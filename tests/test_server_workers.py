@@ -484,3 +484,19 @@ async def test_workers_stop_by_themselves_when_the_supervisor_is_killed(
         with trio.fail_after(30):
             while any(_zombie_or_alive(pid) for pid in workers):
                 await trio.sleep(0.1)
+
+
+def test_a_negative_worker_count_is_a_one_line_error() -> None:
+    """Bad input gets a clear error, not a traceback."""
+    import subprocess
+
+    result = subprocess.run(
+        [sys.executable, "-m", "gateway", "--workers", "-1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip() == "--workers: -1 is not a number of processes (0: one per CPU)"

@@ -173,6 +173,8 @@ def _v1_limit(directory: Path) -> Iterator[float]:
 def worker_count(options: Namespace) -> int:
     """``--workers``, or one per available CPU when it is not given (or 0)."""
     wanted = getattr(options, "workers", None)
+    if wanted is not None and wanted < 0:
+        raise SystemExit(f"--workers: {wanted} is not a number of processes (0: one per CPU)")
     return int(wanted) if wanted else available_cpus()
 
 
