@@ -113,7 +113,7 @@ def _values(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], f
 
 
 def test_merged_metrics_add_counters_and_histograms_and_combine_gauges_per_family() -> None:
-    """MET: counters and histograms of two workers add up; in-flight adds; config generation is the lowest."""
+    """MET: counters and histograms of two workers add up; in-flight adds; config generation is the highest."""
     a, b = Metrics(), Metrics()
     for worker, reviews, generation in ((a, 3, 2), (b, 2, 1)):
         worker.config_reloaded(True, generation, {"validating": 1, "mutating": 0})
@@ -136,7 +136,7 @@ def test_merged_metrics_add_counters_and_histograms_and_combine_gauges_per_famil
         == 5
     )
     assert got[("webhook_gateway_reviews_in_flight", (("endpoint", "validating"),))] == 2
-    assert got[("webhook_gateway_config_generation", ())] == 1
+    assert got[("webhook_gateway_config_generation", ())] == 2
     assert got[("webhook_gateway_config_reloads_total", (("result", "success"),))] == 2
 
 
@@ -347,7 +347,7 @@ async def test_sigterm_drains_every_worker_and_exits_within_the_bound(
 ) -> None:
     """SIGTERM: /readyz 503 on every worker, in-flight reviews finish, all processes exit 0."""
     _config(tmp_path, allow_backend, "/sleep/800/allow")
-    async with gateway(tmp_path) as gw:
+    async with gateway(tmp_path, "--drain-seconds", "2") as gw:
         workers = gw.workers()
         answers: list[bool] = []
 
@@ -359,12 +359,12 @@ async def test_sigterm_drains_every_worker_and_exits_within_the_bound(
                 inner.start_soon(in_flight)
             await trio.sleep(0.3)
             gw.process.send_signal(signal.SIGTERM)
-            await trio.sleep(0.1)
+            await trio.sleep(0.3)  # the supervisor forwards it, each worker turns /readyz to 503
             for _ in range(4):
                 assert (await gw.get("/readyz"))[0] == 503
         assert answers == [True] * 4
-        # --drain-seconds 0.3 + --shutdown-timeout 5 + the supervisor's 5 s margin
-        with trio.fail_after(10.3 + 5):
+        # --drain-seconds 2 + --shutdown-timeout 5 + the supervisor's 5 s margin, and slack
+        with trio.fail_after(2 + 5 + 5 + 5):
             assert await gw.process.wait() == 0
         assert not any(Path(f"/proc/{pid}").exists() and _zombie_or_alive(pid) for pid in workers)
 
@@ -377,18 +377,30 @@ def _zombie_or_alive(pid: int) -> bool:
 
 
 async def test_a_configuration_change_reaches_every_worker(tmp_path: Path, allow_backend: str) -> None:
-    """CFG: both workers reload: the lowest config generation reaches 2, and every worker denies."""
+    """CFG: both workers reload: successful loads go from 2 to 4, and reviews on both workers are denied."""
     _config(tmp_path, allow_backend)
     async with gateway(tmp_path) as gw:
-        assert (await gw.metrics())[("webhook_gateway_config_generation", ())] == 1
+        success = ("webhook_gateway_config_reloads_total", (("result", "success"),))
+        assert (await gw.metrics())[success] == 2  # each worker's first load
         _config(tmp_path, allow_backend, "/deny/403/closed")
 
         async def reloaded() -> bool:
-            return (await gw.metrics())[("webhook_gateway_config_generation", ())] == 2
+            return (await gw.metrics())[success] == 4
 
         await _eventually(reloaded, timeout=20)
-        for _ in range(10):
-            assert (await gw.review())["allowed"] is False
+        got = await gw.metrics()
+        assert got[("webhook_gateway_config_generation", ())] == 2
+        assert got[("webhook_gateway_config_last_reload_successful", ())] == 1
+        before = {k: v for k, v in got.items() if k[0] == "webhook_gateway_worker_reviews_total"}
+        for _ in range(40):
+            for _ in range(5):
+                assert (await gw.review())["allowed"] is False
+            await trio.sleep(0.6)
+            after = await gw.metrics()
+            if all(after[k] > v for k, v in before.items()):
+                break  # both workers denied with the new configuration
+        else:
+            raise AssertionError("one worker served every review")
 
 
 async def test_readiness_is_false_until_every_worker_is_ready(

@@ -85,14 +85,17 @@ EXIT_CONFIG_REFUSED: Final = 2
 _WORKER_ENTRY: Final = "import sys; from gateway.server.workers import worker_main; sys.exit(worker_main())"
 
 # Gauges of several workers are combined per family: in-flight reviews and open connections add
-# up; the configuration gauges show what *every* worker has reached (the lowest generation, 0 if any
-# worker's last reload failed).
+# up. Each worker numbers its configuration generations itself (a restarted worker starts again at
+# 1), so the merged generation and backend counts are the highest any worker reports; the last
+# reload counts as successful only if it was on every worker.
 GAUGE_MERGE: Final[Mapping[str, Callable[[Sequence[float]], float]]] = {
     PREFIX + "reviews_in_flight": sum,
-    PREFIX + "backends": min,
-    PREFIX + "config_generation": min,
+    PREFIX + "backends": max,
+    PREFIX + "config_generation": max,
     PREFIX + "config_last_reload_successful": min,
 }
+# Gauges that describe a live process: a dead worker's last values are dropped, not kept.
+LIVE_GAUGES: Final = frozenset({PREFIX + "reviews_in_flight"})
 
 
 # --- how many ------------------------------------------------------------------------------------
@@ -301,6 +304,18 @@ class RunDirectory:
             return _snapshot_decoder.decode(self.snapshot_path(slot).read_bytes())
         except (OSError, msgspec.DecodeError):
             return None
+
+    def forget_live_values(self, slot: int) -> None:
+        """After a worker's death: keep its counters in the totals, drop what described it alive."""
+        snapshot = self.read_snapshot(slot)
+        if snapshot is None:
+            return
+        for name in LIVE_GAUGES:
+            snapshot.families[name] = [
+                (labels, 0.0, counts) for labels, _, counts in snapshot.families.get(name, [])
+            ]
+        snapshot.connections = {}
+        self.write_snapshot(slot, _encoder.encode(snapshot))
 
     def write_state(self, state: SupervisorState) -> None:
         _replace(self.path / "supervisor.json", msgspec.json.encode(state))
@@ -580,6 +595,7 @@ async def _supervise(
                 process.send_signal(signal.SIGTERM)
             code = await process.wait()
             run.flags.set(slot.index, False)
+            run.forget_live_values(slot.index)  # its counters stay in the totals, its in-flight not
             if stopping.is_set():
                 return
             if code == EXIT_CONFIG_REFUSED and not everyone_ready.is_set():
