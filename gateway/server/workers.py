@@ -56,7 +56,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 import structlog
@@ -70,8 +70,10 @@ from prometheus_client.samples import Sample
 from gateway.errors import ConfigError
 from gateway.observability import Metrics, Observability
 from gateway.observability.metrics import PREFIX, HistogramChild
-from gateway.server.app import Readiness
 from gateway.sources.namespaces import Backoff
+
+if TYPE_CHECKING:
+    from gateway.server.app import Readiness
 
 log = structlog.get_logger("gateway.workers")
 
@@ -443,6 +445,7 @@ def worker_main() -> int:
 async def _run_worker(
     options: Namespace, observer: WorkerObservability, run: RunDirectory, spec: WorkerSpec
 ) -> None:
+    from gateway.server.app import Readiness  # here: the supervisor does not load the server
     from gateway.server.serve import Running, serve
 
     readiness = Readiness()
