@@ -433,16 +433,33 @@ async def test_readiness_is_false_until_every_worker_is_ready(
         assert len(kube_api.watches()) == 2
 
 
-async def test_a_configuration_refused_at_start_stops_every_worker_with_exit_code_2(tmp_path: Path) -> None:
-    """CFG-23: as with one process, an invalid configuration at start is exit code 2."""
+BAD_STARTS = [
+    pytest.param(
+        {"bad.yaml": "apiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingWebhookConfiguration\n"
+         "metadata: {name: x}\nwebhooks: [{name: bad}]\n"},
+        (),
+        2,
+        id="CFG-23: a configuration refused at start stops every worker, exit code 2 as with one process",
+    ),
+    pytest.param(
+        {},
+        ("--certfile", "/nonexistent/tls.crt", "--keyfile", "/nonexistent/tls.key"),
+        1,
+        id="a serving certificate that cannot be read stops every worker, exit code 1 as with one process",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("files", "args", "code"), BAD_STARTS)
+async def test_a_gateway_that_cannot_start_exits_instead_of_restarting_workers(
+    tmp_path: Path, files: dict[str, str], args: tuple[str, ...], code: int
+) -> None:
     (tmp_path / "config").mkdir()
-    (tmp_path / "config" / "bad.yaml").write_text(
-        "apiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingWebhookConfiguration\n"
-        "metadata: {name: x}\nwebhooks: [{name: bad}]\n"
-    )
-    async with gateway(tmp_path, ready=False) as gw:
+    for name, text in files.items():
+        (tmp_path / "config" / name).write_text(text)
+    async with gateway(tmp_path, *args, ready=False) as gw:
         with trio.fail_after(40):
-            assert await gw.process.wait() == 2
+            assert await gw.process.wait() == code
 
 
 async def test_one_worker_is_one_process_without_a_supervisor(tmp_path: Path, allow_backend: str) -> None:

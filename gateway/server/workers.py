@@ -17,8 +17,9 @@ An inherited socket rather than SO_REUSEPORT, because
 What the supervisor guarantees:
 
 - A worker that dies is restarted after a back-off (reset once a worker has run for a while) and
-  counted (``webhook_gateway_worker_restarts_total``). A worker that refuses its configuration
-  before all workers were ever ready makes the supervisor stop and exit 2, as one process would.
+  counted (``webhook_gateway_worker_restarts_total``). A worker that exits before all workers were
+  ever ready makes the supervisor stop with its exit code (2: configuration refused), as one
+  process would.
 - SIGTERM/SIGINT go to every worker; each drains as a single gateway does (``/readyz`` 503 for
   ``--drain-seconds``, then in-flight reviews finish). Workers still running after
   ``--drain-seconds`` + ``--shutdown-timeout`` + a margin are killed.
@@ -465,7 +466,10 @@ async def _run_worker(
     except BaseExceptionGroup as group:
         refused, rest = group.split(ConfigError)
         if refused is not None and rest is None:
-            raise refused.exceptions[0] from None
+            leaf: BaseException = refused
+            while isinstance(leaf, BaseExceptionGroup):
+                leaf = leaf.exceptions[0]
+            raise leaf from None
         raise
     finally:
         run.flags.set(spec.slot, False)
@@ -601,9 +605,11 @@ async def _supervise(
             run.forget_live_values(slot.index)  # its counters stay in the totals, its in-flight not
             if stopping.is_set():
                 return
-            if code == EXIT_CONFIG_REFUSED and not everyone_ready.is_set():
-                log.error("a worker refused the configuration at start; stopping", worker=slot.index)
-                outcome["code"] = EXIT_CONFIG_REFUSED
+            if not everyone_ready.is_set():
+                # As one process would: a gateway that cannot start (configuration refused: 2,
+                # unreadable certificate: 1) exits instead of being restarted in a loop.
+                log.error("a worker failed to start; stopping", worker=slot.index, exit_code=code)
+                outcome["code"] = code if code > 0 else 1
                 stopping.set()
                 return
             if trio.current_time() - started >= STABLE_SECONDS:
