@@ -227,16 +227,23 @@ class Gateway:
 
 @asynccontextmanager
 async def gateway(
-    tmp_path: Path, *args: str, ready: bool = True, tls: ssl.SSLContext | None = None, workers: int = 2
+    tmp_path: Path,
+    *args: str,
+    ready: bool = True,
+    tls: ssl.SSLContext | None = None,
+    workers: int | None = 2,
+    env: dict[str, str] | None = None,
 ) -> AsyncIterator[Gateway]:
     port = free_port()
+    count = ["--workers", str(workers)] if workers is not None else []
     process = await trio.lowlevel.open_process(
         [
             sys.executable, "-m", "gateway", "--config", str(tmp_path / "config"),
-            "--bind", f"127.0.0.1:{port}", "--workers", str(workers), "--log-level", "warning",
+            "--bind", f"127.0.0.1:{port}", *count, "--log-level", "warning",
             "--drain-seconds", "0.3", "--shutdown-timeout", "5", "--config-poll-seconds", "0.2", *args,
         ],
         cwd=REPO,
+        env={**os.environ, **(env or {})},
     )  # fmt: skip
     gw = Gateway(process, port, tmp_path / "config")
     gw.tls = tls
@@ -462,12 +469,21 @@ async def test_a_gateway_that_cannot_start_exits_instead_of_restarting_workers(
             assert await gw.process.wait() == code
 
 
-async def test_one_worker_is_one_process_without_a_supervisor(tmp_path: Path, allow_backend: str) -> None:
-    """--workers 1 is the single-process gateway: no child process, reviews answered."""
+WORKER_COUNTS = [
+    pytest.param(1, {}, 0, id="--workers 1 is the single-process gateway: no supervisor, no child process"),
+    pytest.param(None, {"WEBHOOK_GATEWAY_WORKERS": "3"}, 3, id="WEBHOOK_GATEWAY_WORKERS=3 without the flag: 3 workers"),
+    pytest.param(1, {"WEBHOOK_GATEWAY_WORKERS": "3"}, 0, id="the flag wins over WEBHOOK_GATEWAY_WORKERS"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("workers", "env", "children"), WORKER_COUNTS)
+async def test_worker_count_from_the_flag_or_the_environment(
+    tmp_path: Path, allow_backend: str, workers: int | None, env: dict[str, str], children: int
+) -> None:
     _config(tmp_path, allow_backend)
-    async with gateway(tmp_path, workers=1) as gw:
+    async with gateway(tmp_path, workers=workers, env=env) as gw:
         assert (await gw.review())["allowed"] is True
-        assert gw.workers() == set()
+        assert len(gw.workers()) == children
 
 
 async def test_a_rotated_serving_certificate_reaches_every_worker(tmp_path: Path, allow_backend: str) -> None:
