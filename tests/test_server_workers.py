@@ -545,3 +545,38 @@ def test_a_negative_worker_count_is_a_one_line_error() -> None:
     )
     assert result.returncode == 1
     assert result.stderr.strip() == "--workers: -1 is not a number of processes (0: one per CPU)"
+
+
+async def test_rotated_backend_credentials_reach_every_worker(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """TRN-10/11: after --backend-kubeconfig changes, calls from both workers carry the new token."""
+    from gateway.devtools.backends import serve_backend
+
+    server = await nursery.start(lambda task_status: serve_backend(task_status=task_status))
+    _config(tmp_path, f"http://127.0.0.1:{server.port}")
+    kubeconfig = tmp_path / "backends.kubeconfig"
+
+    def write_token(token: str) -> None:
+        doc = {"apiVersion": "v1", "kind": "Config", "users": [{"name": "*", "user": {"token": token}}]}
+        kubeconfig.write_text(json.dumps(doc))  # JSON is YAML
+
+    write_token("first")
+    async with gateway(tmp_path, "--backend-kubeconfig", str(kubeconfig)) as gw:
+        assert (await gw.review())["allowed"] is True
+        assert server.calls[-1].header("authorization") == "Bearer first"
+        write_token("second")
+
+        async def both_rotated() -> bool:
+            before = await gw.metrics()
+            first_call = len(server.calls)
+            for _ in range(10):
+                assert (await gw.review())["allowed"] is True
+            if any(c.header("authorization") != "Bearer second" for c in server.calls[first_call:]):
+                return False  # a worker still sends the old token
+            await trio.sleep(0.6)
+            after = await gw.metrics()
+            served = [
+                after[k] - before.get(k, 0) for k in after if k[0] == "webhook_gateway_worker_reviews_total"
+            ]
+            return len(served) == 2 and all(n > 0 for n in served)
+
+        await _eventually(both_rotated, timeout=30)
