@@ -254,8 +254,12 @@ async def gateway(
     finally:
         if process.returncode is None:
             gw.workers()
-            process.kill()
-            await process.wait()
+            process.terminate()  # a clean stop, so that the supervisor removes its run directory
+            with trio.move_on_after(20):
+                await process.wait()
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
         for pid in gw.seen:  # workers left behind by a failed test
             with contextlib.suppress(OSError):
                 if b"worker_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
@@ -524,11 +528,22 @@ async def test_workers_stop_by_themselves_when_the_supervisor_is_killed(
     async with gateway(tmp_path) as gw:
         workers = gw.workers()
         assert len(workers) == 2
+        run_dir = _run_dir_of(min(workers))
+        assert run_dir.is_dir()
         gw.process.kill()
         await gw.process.wait()
         with trio.fail_after(30):
             while any(_zombie_or_alive(pid) for pid in workers):
                 await trio.sleep(0.1)
+        assert not run_dir.exists()  # the last worker out removed it
+
+
+def _run_dir_of(worker: int) -> Path:
+    """The supervisor's run directory, from the worker's memory map of its readiness flags."""
+    for line in Path(f"/proc/{worker}/maps").read_text().splitlines():
+        if line.endswith("/ready"):
+            return Path(line.split()[-1]).parent
+    raise AssertionError("the worker maps no readiness flags")
 
 
 def test_a_negative_worker_count_is_a_one_line_error() -> None:

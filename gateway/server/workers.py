@@ -300,7 +300,9 @@ class RunDirectory:
         return self.path / f"worker-{slot}.metrics"
 
     def write_snapshot(self, slot: int, data: bytes) -> None:
-        _replace(self.snapshot_path(slot), data)
+        # Metrics are best effort: a full or removed directory must not stop a worker.
+        with contextlib.suppress(OSError):
+            _replace(self.snapshot_path(slot), data)
 
     def read_snapshot(self, slot: int) -> MetricsSnapshot | None:
         try:
@@ -473,7 +475,9 @@ async def _run_worker(
         raise
     finally:
         run.flags.set(spec.slot, False)
-        if observer.prometheus is not None:
+        if os.getppid() != spec.supervisor:
+            shutil.rmtree(run.path, ignore_errors=True)  # nobody else will remove it
+        elif observer.prometheus is not None:
             run.write_snapshot(spec.slot, _encoder.encode(capture(observer.prometheus)))
 
 
