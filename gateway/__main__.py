@@ -85,6 +85,10 @@ def serve(options: Namespace) -> int:
 
     from gateway.errors import ConfigError, GatewayError
     from gateway.observability import Observability, configure_logging
+    from gateway.server.workers import supervise, worker_count
+
+    if (workers := worker_count(options)) > 1:
+        return supervise(options, workers)  # N worker processes on one socket
     from gateway.server.serve import serve as run_server
 
     configure_logging(options.log_level, options.log_format)

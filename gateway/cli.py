@@ -98,6 +98,13 @@ def _serve_parser(prog: str) -> _EnvDefaults:
     )
     _add_option(
         g,
+        "--workers",
+        help="worker processes sharing the listening socket (default: one per CPU this process may "
+        "use, from its CPU affinity and cgroup CPU quota; 1: a single process, no supervisor)",
+        type=int,
+    )
+    _add_option(
+        g,
         "--config-poll-seconds",
         help="how often the config directory and TLS files are checked",
         type=float,

@@ -9,7 +9,7 @@ import resource
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,18 +22,44 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def proc_cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (its threads included)."""
+    """User + system CPU seconds of process ``pid`` (its threads included) and of its descendants.
+
+    With ``--workers N`` the gateway is a supervisor and N worker processes: live workers are
+    counted through ``/proc``, exited ones through the supervisor's ``cutime``/``cstime``.
+    """
     stat = Path(f"/proc/{pid}/stat").read_text()
     fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+    own = (int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])) / _CLK_TCK
+    return own + sum(_or_zero(proc_cpu_seconds, child) for child in _children(pid))
 
 
 def proc_peak_rss_mb(pid: int) -> float:
-    """Peak resident set size (VmHWM) of ``pid`` in MiB."""
+    """Peak resident set size (VmHWM) of ``pid`` and its live descendants, summed, in MiB."""
+    peak = float("nan")
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+            peak = int(line.split()[1]) / 1024
+    return peak + sum(_or_zero(proc_peak_rss_mb, child) for child in _children(pid))
+
+
+def _or_zero(measure: Callable[[int], float], pid: int) -> float:
+    try:
+        return measure(pid)
+    except OSError:
+        return 0.0  # a worker that exited between the listing and the reading
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue  # exited meanwhile
+            if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
 
 
 def self_cpu_seconds() -> float:
@@ -117,6 +143,9 @@ def spawn_gateway(
     cmd = [sys.executable, "-m", "gateway", "--config", str(config_dir), "--bind", f"127.0.0.1:{port}"]
     if certs is not None:
         cmd += ["--certfile", str(certs.certfile), "--keyfile", str(certs.keyfile)]
+    if not any(arg.startswith("--workers") for arg in extra):
+        # One process unless asked: CPU per review is read from this one pid's /proc/<pid>/stat.
+        cmd += ["--workers", "1"]
     cmd += extra
     with log.open("wb") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=_env())  # noqa: S603  # list argv

@@ -17,7 +17,10 @@ Why not prometheus_client's ``Counter``/``Histogram``: measured with 5 backends 
 per-call locking and bucket loops cost about 14 µs per review even with every child cached; the
 plain-attribute children below cost about 4 µs. Everything runs on the one trio thread, so no lock
 is needed. Exposition still goes through prometheus_client (its registry and text writer), and the
-children are cached per label tuple so the hot path never formats or validates labels.
+children are cached per label tuple so the hot path never formats or validates labels. With
+``--workers N``, prometheus_client's multiprocess mode (mmap-backed values) would cost about 32 µs per
+such review; instead each worker keeps these and ``server/workers.py`` merges their snapshots at
+scrape time (docs/performance.md).
 
 Label values come only from the configuration (backend names), from the gateway's own code (types,
 outcomes, error kinds, HTTP codes) or from a small closed set (operations); never from free request

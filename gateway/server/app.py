@@ -96,6 +96,9 @@ class Readiness:
     def __init__(self) -> None:
         self.draining = False
         self._checks: list[Callable[[], bool]] = []
+        # With --workers N: are the other worker processes ready too? Only /readyz asks (reviews
+        # need this process to be ready, nothing more).
+        self.peers: Callable[[], bool] | None = None
 
     def add_check(self, check: Callable[[], bool]) -> None:
         self._checks.append(check)
@@ -169,7 +172,9 @@ class GatewayApp:
         elif path == "/readyz":
             if self.readiness.draining:
                 await _respond(send, 503, b"draining\n", _TEXT)
-            elif not self.readiness.ready:
+            elif not self.readiness.ready or (
+                self.readiness.peers is not None and not self.readiness.peers()
+            ):
                 await _respond(send, 503, b"not ready\n", _TEXT)
             else:
                 await _respond(send, 200, b"ok\n", _TEXT)

@@ -101,6 +101,7 @@ async def serve(
     *,
     observer: Observability | None = None,
     handle_signals: bool = True,
+    readiness: Readiness | None = None,
     task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the gateway until SIGTERM/SIGINT (or ``Running.shutdown()``), then drain and return."""
@@ -134,7 +135,7 @@ async def serve(
     tls = ReloadableTLS(options.certfile, options.keyfile, options.client_ca) if options.certfile else None
     if tls is not None:
         observer.serving_certificate_loaded(tls.certfile)
-    readiness = Readiness()
+    readiness = readiness if readiness is not None else Readiness()  # a worker passes one (--workers)
     shutdown_requested = trio.Event()
 
     async with (
