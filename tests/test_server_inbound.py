@@ -7,6 +7,7 @@ what a well-behaved caller and the metrics see.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import signal
@@ -24,11 +25,11 @@ from tests.support.inbound import (
     CONTINUATION,
     DATA,
     ENHANCE_YOUR_CALM,
+    GOAWAY,
     HEADERS,
     PING,
     PREFACE,
     RST_STREAM,
-    SETTINGS,
     WINDOW_UPDATE,
     Gateway,
     H2Client,
@@ -130,7 +131,9 @@ CLOSED_CASES = [
 
 
 @pytest.mark.parametrize("case", CLOSED_CASES)
-async def test_client_closed_connections_are_released(nursery: trio.Nursery, tmp_path: Path, case: str) -> None:
+async def test_client_closed_connections_are_released(
+    nursery: trio.Nursery, tmp_path: Path, case: str
+) -> None:
     backend = await nursery.start(HoldingBackend().serve)
     gw = await start(nursery, tmp_path, backend.url)
     stream = await trio.open_tcp_stream("127.0.0.1", gw.port)
@@ -255,13 +258,19 @@ async def test_h2_slow_body_resets_only_its_stream(nursery: trio.Nursery, tmp_pa
 # --- 3. the connection bound ---------------------------------------------------------------------------
 
 
-async def test_connections_beyond_the_bound_are_refused_and_counted(nursery: trio.Nursery, tmp_path: Path) -> None:
+async def test_connections_beyond_the_bound_are_refused_and_counted(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
     """--max-inbound-connections: one more connection is closed at once; the open ones keep working."""
     gw = await start(nursery, tmp_path, await _answering_backend(nursery), "--max-inbound-connections", "2")
     kept = [await trio.open_tcp_stream("127.0.0.1", gw.port) for _ in range(2)]
     assert await _eventually(lambda: gw.open_connections == 2)
-    extra = await trio.open_tcp_stream("127.0.0.1", gw.port)
-    assert await closed_by_peer(extra, within=2.0)
+    try:
+        extra = await trio.open_tcp_stream("127.0.0.1", gw.port)
+    except OSError:  # the reset can arrive before connect() returns
+        pass
+    else:
+        assert await closed_by_peer(extra, within=2.0)
     assert gw.counter("inbound_rejected", "limit") == 1
     for stream in kept:
         await stream.send_all(review_request())
@@ -343,10 +352,8 @@ async def test_file_descriptor_exhaustion(
         assert b" 200 " in await read_response(keeper)
         flood = []
         for _ in range(200):
-            try:
+            with contextlib.suppress(OSError):  # refused with a reset as soon as it was accepted
                 flood.append(await trio.open_tcp_stream("127.0.0.1", port))
-            except OSError:  # refused with a reset as soon as it was accepted
-                pass
         await trio.sleep(0.5)
         with trio.fail_after(10):  # the connection it has is still served, promptly
             await keeper.send_all(review_request())
@@ -380,13 +387,17 @@ async def test_file_descriptor_exhaustion(
 # --- 4. HTTP/2 replies that cannot be written ------------------------------------------------------------
 
 
-async def test_h2_zero_window_reply_is_bounded_by_the_write_deadline(nursery: trio.Nursery, tmp_path: Path) -> None:
+async def test_h2_zero_window_reply_is_bounded_by_the_write_deadline(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
     """SETTINGS_INITIAL_WINDOW_SIZE=0 and no WINDOW_UPDATE: closed at --write-timeout, in-flight back to 0."""
     gw = await start(nursery, tmp_path, await _answering_backend(nursery), "--write-timeout", "0.5")
     client = await H2Client.open(gw.port, INITIAL_WINDOW_SIZE=0)
     for _ in range(20):
         await client.post()
-    assert await _eventually(lambda: gw.counter("inbound_requests", "validating", "200") == 20 or gw.in_flight == 20)
+    assert await _eventually(
+        lambda: gw.counter("inbound_requests", "validating", "200") == 20 or gw.in_flight == 20
+    )
     assert await closed_by_peer(client.stream, within=5.0)
     assert gw.counter("inbound_closed", "write_timeout") == 1
     assert await _eventually(lambda: gw.in_flight == 0)
@@ -463,10 +474,8 @@ async def test_h2_control_frame_floods_get_goaway_enhance_your_calm(
     stream = await trio.open_tcp_stream("127.0.0.1", gw.port)
     await stream.send_all(PREFACE + settings())
     with trio.move_on_after(5):
-        try:
+        with contextlib.suppress(trio.BrokenResourceError):
             await stream.send_all(attack)
-        except trio.BrokenResourceError:
-            pass
     assert await raw_goaway(stream) == ENHANCE_YOUR_CALM
     assert await closed_by_peer(stream, within=3.0)
     assert gw.counter("inbound_closed", "h2_flood") == 1
@@ -586,7 +595,9 @@ async def test_sigterm_exit_is_bounded(
 # --- 7. the crash guards and the version check -----------------------------------------------------------
 
 
-async def test_h2_data_for_a_stream_already_answered_does_not_crash(nursery: trio.Nursery, tmp_path: Path) -> None:
+async def test_h2_data_for_a_stream_already_answered_does_not_crash(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
     """DATA arriving for a stream the app already answered and closed (no KeyError out of the connection)."""
     gw = await start(nursery, tmp_path, await _answering_backend(nursery))
     client = await H2Client.open(gw.port)
@@ -595,6 +606,8 @@ async def test_h2_data_for_a_stream_already_answered_does_not_crash(nursery: tri
     await client.flush()
     with trio.fail_after(5):
         assert await client.until(h2.events.StreamEnded, stream_id=sid) is not None
+        barrier = await client.post()  # by its answer, the app of the first stream has long finished
+        assert await client.until(h2.events.StreamEnded, stream_id=barrier) is not None
     client.conn.send_data(sid, b"late body", end_stream=True)
     await client.flush()
     again = await client.post()
@@ -710,3 +723,99 @@ async def test_certificate_rotation_swaps_only_a_matching_pair(nursery: trio.Nur
     assert await _eventually(lambda: gw.counter("certificate_reloads", "success") == 1)
     assert await _peer_cert(gw.port, ca) == new_der
 
+
+# --- the HTTP/2 crash guards at the protocol level, with a scripted transport ------------------------------
+
+
+class _ScriptedH2:
+    """``GuardedH2Protocol`` fed scripted client frames; what it writes is recorded (and can be held)."""
+
+    def __init__(self, nursery: trio.Nursery) -> None:
+        import h2.config
+        import h2.connection
+        from hypercorn.app_wrappers import ASGIWrapper
+        from hypercorn.config import Config
+        from hypercorn.trio.worker_context import WorkerContext
+
+        from gateway.server.hypercorn_fixes import GatewayTaskGroup, GuardedH2Protocol
+
+        self.written = b""
+        self.hold_data = trio.Event()
+        self.holding = trio.Event()
+        self.hold = False
+        self.context = WorkerContext(None)
+        self.task_group = GatewayTaskGroup(None)
+        self.task_group._nursery = nursery
+        self.protocol = GuardedH2Protocol(
+            ASGIWrapper(self._app), Config(), self.context, self.task_group, {}, False, None, None, self._send
+        )
+        self.client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        self.client.initiate_connection()
+
+    @staticmethod
+    async def _app(scope: dict[str, object], receive: object, send: object) -> None:
+        assert callable(send)
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"5")]})
+        await send({"type": "http.response.body", "body": b"hello"})
+
+    async def _send(self, event: object) -> None:
+        from hypercorn.events import RawData
+
+        if isinstance(event, RawData):
+            data = event.data
+            if self.hold and data[3:4] == b"\x00" and int.from_bytes(data[:3], "big") > 0:
+                self.hold = False
+                self.holding.set()
+                await self.hold_data.wait()  # the transport is slow for this write
+            self.written += data
+
+    async def feed(self) -> None:
+        from hypercorn.events import RawData
+
+        await self.protocol.handle(RawData(data=self.client.data_to_send()))
+
+    def frames(self) -> list[tuple[int, int, int]]:
+        """(type, flags, stream) of every frame written after the server's preface SETTINGS."""
+        out, data = [], self.written
+        while len(data) >= 9:
+            length = int.from_bytes(data[:3], "big")
+            out.append((data[3], data[4], int.from_bytes(data[5:9], "big") & 0x7FFFFFFF))
+            data = data[9 + length :]
+        return out
+
+
+async def test_guard_data_for_a_closed_stream_is_dropped(nursery: trio.Nursery) -> None:
+    """Scripted: the app answers and its stream is closed; then DATA for it arrives (no KeyError)."""
+    h = _ScriptedH2(nursery)
+    await h.protocol.initiate()
+    h.client.send_headers(1, [(":method", "GET"), (":path", "/"), (":scheme", "http"), (":authority", "x")])
+    await h.feed()
+    with trio.fail_after(5):
+        while 1 in h.protocol.streams:  # the app has answered and hypercorn has closed the stream
+            await trio.sleep(0.01)
+    h.client.send_data(1, b"late", end_stream=True)
+    await h.feed()  # without the guard: KeyError out of the connection
+    assert (DATA, 0x1, 1) in h.frames()
+
+
+async def test_guard_goaway_never_overtakes_end_stream(nursery: trio.Nursery) -> None:
+    """Scripted: terminating while the last reply's DATA write is slow: END_STREAM before GOAWAY."""
+    h = _ScriptedH2(nursery)
+    await h.protocol.initiate()
+    h.hold = True
+    h.client.send_headers(
+        1, [(":method", "GET"), (":path", "/"), (":scheme", "http"), (":authority", "x")], end_stream=True
+    )
+    await h.feed()
+    with trio.fail_after(5):
+        await h.holding.wait()
+    await h.context.terminated.set()  # the server starts terminating while the write is pending
+    for _ in range(20):
+        await trio.sleep(0)  # let the app finish meanwhile (without the guard: GOAWAY goes out now)
+    h.hold_data.set()
+    with trio.fail_after(5):
+        while (GOAWAY, 0, 0) not in h.frames():
+            await trio.sleep(0.01)
+    frames = h.frames()
+    assert (DATA, 0x1, 1) in frames, frames
+    assert frames.index((DATA, 0x1, 1)) < frames.index((GOAWAY, 0, 0))

@@ -197,15 +197,6 @@ class GatewayTaskGroup(TaskGroup):
         super().__init__()
         self._server = server
 
-    async def __aexit__(self, exc_type: Any, exc_value: Any, tb: Any) -> bool:
-        # hypercorn's drops the nursery's answer, so a cancellation of this group (a limit closed
-        # the connection) would escape as if it came from outside and cancel the whole listener.
-        assert self._nursery_manager is not None
-        suppressed = bool(await self._nursery_manager.__aexit__(exc_type, exc_value, tb))
-        self._nursery_manager = None
-        self._nursery = None
-        return suppressed
-
     def cancel(self) -> None:
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
@@ -505,7 +496,11 @@ class GatewayTCPServer(TCPServer):
             client = parse_socket_addr(socket.family, socket.getpeername())
             server = parse_socket_addr(socket.family, socket.getsockname())
             task_group = GatewayTaskGroup(self)
-            async with task_group:
+            # A plain nursery rather than ``async with task_group``: hypercorn's ``__aexit__`` drops
+            # the nursery's answer, so cancelling the group (a limit closed the connection) would
+            # escape as if it came from outside and cancel the whole listener.
+            async with trio.open_nursery() as nursery:
+                task_group._nursery = nursery
                 self._task_group = task_group
                 self.protocol = ProtocolWrapper(
                     self.app,

@@ -58,9 +58,7 @@ async def start(nursery: trio.Nursery, tmp_path: Path, backend_url: str, *args: 
     """The real gateway in-process, with metrics, one validating backend at ``backend_url``."""
     config = tmp_path / "config"
     write_config(config, validating={"v": [hook("v.example.com", backend_url, timeoutSeconds=30)]})
-    options = parse(
-        ["--config", str(config), "--bind", "127.0.0.1:0", "--drain-seconds", "0", *args]
-    ).options
+    options = parse(["--config", str(config), "--bind", "127.0.0.1:0", "--drain-seconds", "0", *args]).options
     observer = Observability(metrics=True, review_log=False)
     running: Running = await nursery.start(
         lambda task_status: serve(options, observer=observer, handle_signals=False, task_status=task_status)
@@ -143,7 +141,9 @@ class H2Client:
         await stream.send_all(conn.data_to_send())
         return cls(stream, conn)
 
-    def headers(self, path: str = "/validate?timeout=20s", *, method: str = "POST") -> list[tuple[bytes, bytes]]:
+    def headers(
+        self, path: str = "/validate?timeout=20s", *, method: str = "POST"
+    ) -> list[tuple[bytes, bytes]]:
         return [
             (b":method", method.encode()),
             (b":scheme", b"http"),
