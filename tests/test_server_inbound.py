@@ -12,6 +12,7 @@ import os
 import resource
 import signal
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -819,3 +820,40 @@ async def test_guard_goaway_never_overtakes_end_stream(nursery: trio.Nursery) ->
     frames = h.frames()
     assert (DATA, 0x1, 1) in frames, frames
     assert frames.index((DATA, 0x1, 1)) < frames.index((GOAWAY, 0, 0))
+
+
+async def test_soft_fd_limit_is_raised_to_the_hard_limit(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """At start the gateway raises its soft RLIMIT_NOFILE to the hard limit (as Go programs do)."""
+    backend = await _answering_backend(nursery)
+
+    def limits() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 1024))
+
+    from tests.support.gateway import hook, write_config
+
+    config = tmp_path / "config"
+    write_config(config, validating={"v": [hook("v.example.com", backend)]})
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "gateway", "--config", str(config), "--bind", f"127.0.0.1:{port}"],
+        cwd=REPO,
+        preexec_fn=limits,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert await _eventually(lambda: _soft_nofile(proc.pid) == 1024, within=20)
+    finally:
+        await _stop(proc)
+
+
+def _soft_nofile(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+            if line.startswith("Max open files"):
+                return int(line.split()[3])
+    except OSError:
+        pass
+    return 0
