@@ -64,6 +64,8 @@ class Phase:
     p99_ms: float
     fds: int
     rss_mb: float
+    inbound: int = -1  # the gateway's open inbound connections (its /metrics) at the end of the phase
+    backend: int = -1  # its open backend connections
 
 
 def _review(uid: str) -> bytes:
@@ -108,6 +110,26 @@ def _rss_mb(pid: int) -> float:
     except OSError:
         pass
     return -1.0
+
+
+async def _connections(endpoint: Endpoint) -> tuple[int, int]:
+    """(open inbound, open backend) connections, from the gateway's /metrics."""
+    inbound = backend = 0
+    try:
+        conn = await Http1Connection.open(endpoint)
+        try:
+            with trio.fail_after(5):
+                _, body = await conn.request(b"/metrics", b"", method=b"GET")
+        finally:
+            await conn.aclose()
+    except (OSError, ConnectionLostError, trio.TooSlowError):
+        return -1, -1
+    for line in body.decode().splitlines():
+        if line.startswith("webhook_gateway_inbound_open_connections "):
+            inbound = int(float(line.split()[-1])) - 1  # not counting this scrape
+        elif line.startswith("webhook_gateway_backend_open_connections{"):
+            backend += int(float(line.split()[-1]))
+    return inbound, backend
 
 
 async def _well_behaved(endpoint: Endpoint, clients: int, seconds: float) -> tuple[list[float], int]:
@@ -251,6 +273,8 @@ async def run(
                 async def phase(name: str) -> None:
                     latencies, errors = await _well_behaved(endpoint, clients, seconds)
                     latencies.sort()
+                    await trio.sleep(0.5)  # the well-behaved clients' own closes are noticed
+                    inbound, backend = await _connections(endpoint)
                     phases.append(
                         Phase(
                             name,
@@ -260,6 +284,8 @@ async def run(
                             percentile(latencies, 99) * 1000,
                             _fds(pid),
                             _rss_mb(pid),
+                            inbound,
+                            backend,
                         )
                     )
 
@@ -290,15 +316,16 @@ async def run(
 def table(attack: str, phases: list[Phase]) -> str:
     rows = [
         f"| {attack} | {p.name} | {p.ok} | {p.errors} | {p.p50_ms:.1f} | {p.p99_ms:.1f} "
-        f"| {p.fds} | {p.rss_mb:.0f} |"
+        f"| {p.fds} | {p.rss_mb:.0f} | {p.inbound} | {p.backend} |"
         for p in phases
     ]
     return "\n".join(rows)
 
 
 HEADER = (
-    "| attack | phase | well-behaved ok | errors | p50 ms | p99 ms | gateway fds | gateway RSS MB |\n"
-    "|---|---|---:|---:|---:|---:|---:|---:|"
+    "| attack | phase | well-behaved ok | errors | p50 ms | p99 ms | gateway fds | gateway RSS MB "
+    "| inbound conns | backend conns |\n"
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
 )
 
 
