@@ -37,6 +37,7 @@ from tests.support.inbound import (
     close_wait_sockets,
     closed_by_peer,
     frame,
+    held_sockets,
     raw_goaway,
     read_response,
     review_request,
@@ -158,10 +159,11 @@ async def test_client_closed_connections_are_released(
             await client.post()
         assert await _eventually(lambda: backend.requests == 3)
         stream = client.stream
-    assert await _eventually(lambda: gw.open_connections == 1)
+    assert await _eventually(lambda: held_sockets(gw.port) == 1)
     await stream.aclose()
-    assert await _eventually(lambda: gw.open_connections == 0, within=1.5)
-    assert await _eventually(lambda: close_wait_sockets(gw.port) == 0, within=1.0)
+    assert await _eventually(lambda: held_sockets(gw.port) == 0, within=1.5)
+    assert close_wait_sockets(gw.port) == 0
+    assert await _eventually(lambda: gw.open_connections == 0)
     assert gw.in_flight == 0
     if case in ("waiting", "h2-waiting"):
         assert await _eventually(lambda: backend.hung_up == backend.requests, within=1.0)

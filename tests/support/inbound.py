@@ -107,8 +107,17 @@ async def closed_by_peer(stream: trio.SocketStream, within: float) -> bool:
     return False
 
 
+def held_sockets(port: int) -> int:
+    """Server-side sockets on ``port`` still holding a descriptor: ESTABLISHED or CLOSE-WAIT."""
+    return _sockets(port, ("01", "08"))
+
+
 def close_wait_sockets(port: int) -> int:
     """Sockets of this machine in CLOSE-WAIT whose local port is ``port`` (from /proc/net/tcp*)."""
+    return _sockets(port, ("08",))
+
+
+def _sockets(port: int, states: tuple[str, ...]) -> int:
     count = 0
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -118,7 +127,7 @@ def close_wait_sockets(port: int) -> int:
         for line in lines:
             fields = line.split()
             local, state = fields[1], fields[3]
-            if int(local.rsplit(":", 1)[1], 16) == port and state == "08":
+            if int(local.rsplit(":", 1)[1], 16) == port and state in states:
                 count += 1
     return count
 
