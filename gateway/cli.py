@@ -136,7 +136,7 @@ def _serve_parser(prog: str) -> _EnvDefaults:
         i,
         "--max-inbound-connections",
         help="refuse connections beyond this many open ones (0: the file-descriptor limit minus "
-        "--fd-reserve)",
+        "--fd-reserve, at most 4096)",
         type=int,
         default=0,
     )

@@ -35,6 +35,9 @@ DEFAULT_BODY_TIMEOUT: Final = 10.0
 DEFAULT_IDLE_TIMEOUT: Final = 120.0
 DEFAULT_WRITE_TIMEOUT: Final = 10.0
 DEFAULT_FD_RESERVE: Final = 512
+# The derived connection bound never exceeds this: an open connection costs tens of KiB in the
+# server, and kube-apiserver needs a few connections per replica (hundreds over HTTP/1.1).
+MAX_DERIVED_CONNECTIONS: Final = 4096
 
 # HTTP/2 control frames (docs/inbound.md): like nghttp2's "glitch" rate limit, a bucket of 1,000
 # frames refilled at 100 per second; and at most 32 entries in one SETTINGS frame (nghttp2's bound).
@@ -85,14 +88,14 @@ def raise_nofile_limit() -> int:
 
 
 def connection_bound(configured: int, *, nofile: int, reserve: int = DEFAULT_FD_RESERVE) -> int:
-    """The inbound connection bound: ``configured``, or the fd limit minus a reserve.
+    """The inbound connection bound: ``configured``, or the fd limit minus a reserve (at most 4,096).
 
     The reserve keeps descriptors for the backend connection pools, configuration and certificate
-    files and the listeners; with a small fd limit at most half of it goes to inbound connections.
+    files and the listeners; with a small fd limit at most half of it goes to the reserve.
     """
     if configured > 0:
         return configured
-    return max(1, nofile - min(reserve, nofile // 2))
+    return max(1, min(MAX_DERIVED_CONNECTIONS, nofile - min(reserve, nofile // 2)))
 
 
 class InboundEvents(Protocol):
