@@ -859,3 +859,21 @@ def _soft_nofile(pid: int) -> int:
     except OSError:
         pass
     return 0
+
+
+async def test_many_client_closed_connections_are_released_together(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """200 keep-alive connections used once and closed at the same moment: none is left holding a descriptor."""
+    gw = await start(nursery, tmp_path, await _answering_backend(nursery))
+    streams = [await trio.open_tcp_stream("127.0.0.1", gw.port) for _ in range(200)]
+    for stream in streams:
+        await stream.send_all(b"GET /healthz HTTP/1.1\r\nhost: gw\r\n\r\n")
+    for stream in streams:
+        assert b" 200 " in await read_response(stream)
+    assert await _eventually(lambda: held_sockets(gw.port) == 200)
+    for stream in streams:
+        await stream.aclose()
+    assert await _eventually(lambda: held_sockets(gw.port) == 0, within=3.0)  # the keep-alive timer: 120 s
+    assert await _eventually(lambda: gw.open_connections == 0)
+    assert await _well_behaved(gw) == 200

@@ -61,6 +61,7 @@ import h2.events
 import h2.exceptions
 import h11
 import hypercorn.protocol
+import structlog
 import trio
 from hypercorn.events import Closed, RawData, Updated
 from hypercorn.protocol import ProtocolWrapper
@@ -78,6 +79,8 @@ from gateway.server.limits import ControlFrameBudget, InboundLimits, InboundRunt
 from gateway.server.timeouts import parse_go_duration
 
 Message = MutableMapping[str, Any]
+
+log = structlog.get_logger("gateway.server")
 
 # The hypercorn releases whose internals (TCPServer.run/protocol_send, H2Protocol._handle_events/
 # stream_send/_send_data, H11Protocol._send_h11_event, TaskGroup.spawn_app, HTTPStream.app_send)
@@ -473,6 +476,11 @@ class GatewayTCPServer(TCPServer):
         runtime.connections.add(self)
         try:
             await self._serve()
+        except Exception:
+            # A defect in handling one connection must not end the listener (and with it every
+            # other caller's connection): log it with its traceback, drop this connection only.
+            log.exception("inbound connection failed; closed")
+            await trio.aclose_forcefully(self.stream)
         finally:
             runtime.connections.discard(self)
 
