@@ -877,3 +877,29 @@ async def test_many_client_closed_connections_are_released_together(
     assert await _eventually(lambda: held_sockets(gw.port) == 0, within=3.0)  # the keep-alive timer: 120 s
     assert await _eventually(lambda: gw.open_connections == 0)
     assert await _well_behaved(gw) == 200
+
+
+async def test_tls_handshake_that_never_completes_is_cut_at_the_header_deadline(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """TLS: a client that connects and never finishes its handshake is closed at --header-read-timeout."""
+    import trustme
+
+    ca = trustme.CA()
+    ca.issue_cert("localhost").private_key_and_cert_chain_pem.write_to_path(tmp_path / "tls.pem")
+    pem = str(tmp_path / "tls.pem")
+    gw = await start(
+        nursery,
+        tmp_path,
+        await _answering_backend(nursery),
+        "--certfile",
+        pem,
+        "--keyfile",
+        pem,
+        "--header-read-timeout",
+        "0.5",
+    )
+    stream = await trio.open_tcp_stream("127.0.0.1", gw.port)
+    await stream.send_all(b"\x16\x03\x01\x02\x00\x01")  # the start of a ClientHello, and nothing more
+    assert await closed_by_peer(stream, within=5.0)
+    assert gw.counter("inbound_closed", "header_timeout") == 1

@@ -490,7 +490,11 @@ class GatewayTCPServer(TCPServer):
             try:
                 with trio.fail_after(self.config.ssl_handshake_timeout):
                     await self.stream.do_handshake()
-            except (trio.BrokenResourceError, trio.TooSlowError):
+            except trio.TooSlowError:  # a TLS handshake is part of the first request's head
+                self.runtime.events.connection_closed("header_timeout")
+                await trio.aclose_forcefully(self.stream)
+                return
+            except trio.BrokenResourceError:
                 await trio.aclose_forcefully(self.stream)
                 return
             alpn_protocol = self.stream.selected_alpn_protocol()
