@@ -335,7 +335,7 @@ class _Watchdog:
     Also woken (``poke``) when the listener starts draining or terminating.
     """
 
-    __slots__ = ("_poked", "_scope", "_server", "deadline", "reason")
+    __slots__ = ("_poked", "_scope", "_server", "_stopped", "deadline", "reason")
 
     def __init__(self, server: GatewayTCPServer) -> None:
         self._server = server
@@ -343,6 +343,7 @@ class _Watchdog:
         self.reason = ""
         self._scope: trio.CancelScope | None = None
         self._poked = False
+        self._stopped = False
 
     def set(self, deadline: float, reason: str) -> None:
         self.deadline, self.reason = deadline, reason
@@ -355,14 +356,15 @@ class _Watchdog:
             self._scope.cancel()
 
     def stop(self) -> None:
+        """The client went away: nothing is left to time out."""
         self.deadline, self.reason = math.inf, ""
-        self._server.aborted_quietly = True
+        self._stopped = True
         self.poke()
 
     async def run(self) -> None:
         server = self._server
         terminated = server.context.terminated
-        while not (server.aborted or server.aborted_quietly):
+        while not (server.aborted or self._stopped):
             with trio.CancelScope(deadline=self.deadline) as scope:
                 self._scope = scope
                 if not self._poked:
@@ -389,7 +391,6 @@ class GatewayTCPServer(TCPServer):
         self.watchdog = _Watchdog(self)
         self.idle = True
         self.aborted = False
-        self.aborted_quietly = False  # the client went away; the connection ends without a limit
         self._goaway_sent = False
         self._task_group: GatewayTaskGroup | None = None  # type: ignore[assignment]
 
