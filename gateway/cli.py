@@ -111,6 +111,69 @@ def _serve_parser(prog: str) -> _EnvDefaults:
         default=2.0,
     )
 
+    i = p.add_argument_group("inbound connections (docs/inbound.md)")
+    _add_option(
+        i,
+        "--header-read-timeout",
+        help="close a connection whose request head has not fully arrived this long after it "
+        "started (or after the connection opened); seconds",
+        type=float,
+        default=10.0,
+    )
+    _add_option(
+        i,
+        "--body-read-timeout",
+        help="give up on a request body not fully received this long after its head (and never "
+        "later than the caller's ?timeout=); seconds",
+        type=float,
+        default=10.0,
+    )
+    _add_option(
+        i,
+        "--idle-timeout",
+        help="close a keep-alive connection idle this long (above the apiserver's 90 s); seconds",
+        type=float,
+        default=120.0,
+    )
+    _add_option(
+        i,
+        "--write-timeout",
+        help="close a connection that does not take a reply (TCP or HTTP/2 window) within; seconds",
+        type=float,
+        default=10.0,
+    )
+    _add_option(
+        i,
+        "--max-inbound-connections",
+        help="refuse connections beyond this many open ones (0: the file-descriptor limit minus "
+        "--fd-reserve, at most 4096)",
+        type=int,
+        default=0,
+    )
+    _add_option(
+        i,
+        "--fd-reserve",
+        help="file descriptors kept for backend connections and files when "
+        "--max-inbound-connections is 0 (at most half the limit)",
+        type=int,
+        default=512,
+    )
+    _add_option(
+        i,
+        "--h2-control-frame-burst",
+        help="HTTP/2 control frames (SETTINGS, PING, RST_STREAM, WINDOW_UPDATE, PRIORITY, "
+        "CONTINUATION, empty DATA) a connection may send at once before GOAWAY ENHANCE_YOUR_CALM",
+        type=int,
+        default=1000,
+    )
+    _add_option(
+        i,
+        "--h2-control-frame-rate",
+        help="and per second after that",
+        type=float,
+        default=100.0,
+    )
+
     d = p.add_argument_group("dispatch")
     _add_option(
         d,

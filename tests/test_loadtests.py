@@ -494,3 +494,27 @@ def test_quick_smoke_against_the_gateway(args: list[str], tmp_path: Path) -> Non
     gateway = doc["points"][0]["median"]["gateway"]
     assert gateway["ok"] > 0
     assert gateway["errors"] == {}
+
+
+@pytest.mark.parametrize(
+    "attack",
+    [
+        pytest.param("slowloris", id="abuse: slowloris beside well-behaved load, every answer correct"),
+        pytest.param("h2-settings-flood", id="abuse: HTTP/2 SETTINGS flood beside well-behaved load"),
+    ],
+)
+def test_abuse_quick_keeps_well_behaved_callers_served(attack: str, tmp_path: Path) -> None:
+    """``python -m loadtests.abuse <attack> --quick`` exits 0: well-behaved reviews answered in every phase."""
+    out = tmp_path / "abuse.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "loadtests.abuse", attack, "--quick", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    phases = json.loads(out.read_text())[attack]
+    assert [p["name"] for p in phases] == ["before", "during", "after"]
+    assert all(p["ok"] > 0 and p["errors"] == 0 and p["fds"] > 0 for p in phases)

@@ -376,6 +376,34 @@ class Metrics:
         )  # fmt: skip
         self.connection_source: Callable[[], Mapping[Any, int]] | None = None
 
+        # --- [GW] inbound connections (docs/inbound.md) ---------------------------------------------
+        self.inbound_closed = _counter(
+            "inbound_connections_closed_total",
+            "Inbound connections the gateway closed because a limit was reached, per reason: "
+            "header_timeout, body_timeout (HTTP/2: the stream is reset), idle_timeout, write_timeout, "
+            "h2_flood.",
+            ("reason",),
+        )  # fmt: skip
+        self.inbound_rejected = _counter(
+            "inbound_connections_rejected_total",
+            "Inbound connections refused at accept, per reason: limit (--max-inbound-connections "
+            "reached), accept_error (out of file descriptors or memory; accept backs off).",
+            ("reason",),
+        )  # fmt: skip
+        self.h2_goaways = _counter(
+            "inbound_h2_goaway_total",
+            "GOAWAY frames sent to HTTP/2 callers, per reason: flood (ENHANCE_YOUR_CALM, over the "
+            "control-frame budget), drain (shutting down).",
+            ("reason",),
+        )  # fmt: skip
+        self.certificate_reloads = _counter(
+            "serving_certificate_reloads_total",
+            "Serving certificate reload attempts, per result (success, failure: the previous "
+            "certificate keeps serving).",
+            ("result",),
+        )  # fmt: skip
+        self.inbound_source: Callable[[], int] | None = None
+
         self.families: tuple[Family[CounterChild] | Family[GaugeChild] | Family[HistogramChild], ...] = (
             self.webhook_duration, self.webhook_requests, self.webhook_rejections, self.webhook_fail_open,
             self.condition_errors, self.condition_exclusions, self.condition_seconds, self.step_duration,
@@ -383,6 +411,7 @@ class Metrics:
             self.reinvocations, self.call_duration, self.call_errors, self.review_duration,
             self.review_overhead, self.reviews_in_flight, self.config_generation, self.config_last_reload_ok,
             self.backend_timeout, self.serving_certificate_expiry,
+            self.inbound_closed, self.inbound_rejected, self.h2_goaways, self.certificate_reloads,
         )  # fmt: skip
         self._init_conversion()
         self._init_resilience()
@@ -397,6 +426,14 @@ class Metrics:
             self.reviews_in_flight.labels(kind)
         self.config_generation.labels()
         self.config_last_reload_ok.labels()
+        for reason in ("header_timeout", "body_timeout", "idle_timeout", "write_timeout", "h2_flood"):
+            self.inbound_closed.labels(reason)
+        for reason in ("limit", "accept_error"):
+            self.inbound_rejected.labels(reason)
+        for reason in ("flood", "drain"):
+            self.h2_goaways.labels(reason)
+        for result in ("success", "failure"):
+            self.certificate_reloads.labels(result)
 
         # Hot-path caches: several children fetched with one dict lookup.
         self._invocation_children: dict[
@@ -676,6 +713,36 @@ class Metrics:
         """
         self.connection_source = source
 
+    # --- inbound connections ---------------------------------------------------------------------
+
+    def inbound_connection_closed(self, reason: str) -> None:
+        """The gateway closed an inbound connection because a limit was reached."""
+        self.inbound_closed.labels(reason).value += 1
+
+    def inbound_connection_rejected(self, reason: str) -> None:
+        """An inbound connection was refused at accept."""
+        self.inbound_rejected.labels(reason).value += 1
+
+    def h2_goaway(self, reason: str) -> None:
+        self.h2_goaways.labels(reason).value += 1
+
+    def certificate_reloaded(self, ok: bool) -> None:
+        self.certificate_reloads.labels("success" if ok else "failure").value += 1
+
+    def set_inbound_source(self, source: Callable[[], int] | None) -> None:
+        """At every scrape, ``source()`` gives the open inbound connections."""
+        self.inbound_source = source
+
+    def inbound_metric(self) -> Metric:
+        metric = Metric(
+            PREFIX + "inbound_open_connections",
+            "Open inbound connections of the review listener.",
+            "gauge",
+        )
+        if self.inbound_source is not None:
+            metric.samples.append(Sample(metric.name, {}, float(self.inbound_source())))
+        return metric
+
     # --- exposition ------------------------------------------------------------------------------
 
     def render(self) -> tuple[bytes, str]:
@@ -721,3 +788,4 @@ class _Collector(Collector):
         for family in self._metrics.families:
             yield family.to_metric()
         yield self._metrics.connection_metric()
+        yield self._metrics.inbound_metric()

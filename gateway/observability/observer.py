@@ -244,6 +244,31 @@ class Observability:
         if self.prometheus is not None:
             self.prometheus.call_refused(webhook, reason)
 
+    # --- inbound connections (gateway.server.limits.InboundEvents) ------------------------------
+
+    def connection_closed(self, reason: str) -> None:
+        """The gateway closed an inbound connection because a limit was reached (counted only)."""
+        if self.prometheus is not None and reason:
+            self.prometheus.inbound_connection_closed(reason)
+
+    def connection_rejected(self, reason: str) -> None:
+        """An inbound connection was refused at accept (counted; the listener logs, rate-limited)."""
+        if self.prometheus is not None:
+            self.prometheus.inbound_connection_rejected(reason)
+
+    def h2_goaway(self, reason: str) -> None:
+        if self.prometheus is not None:
+            self.prometheus.h2_goaway(reason)
+
+    def certificate_reloaded(self, ok: bool) -> None:
+        if self.prometheus is not None:
+            self.prometheus.certificate_reloaded(ok)
+
+    def set_inbound_source(self, source: Callable[[], int] | None) -> None:
+        """Export ``source()`` (open inbound connections) at each scrape."""
+        if self.prometheus is not None:
+            self.prometheus.set_inbound_source(source)
+
 
 class ConnectionCounts(Protocol):
     """What ``watch_pool`` needs from ``transport.pool.ClientPool``."""

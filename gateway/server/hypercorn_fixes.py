@@ -1,59 +1,127 @@
-"""Small, measured adjustments to hypercorn's trio worker: two robustness fixes and three per-request costs.
+"""The gateway's adjustments to hypercorn's trio worker: crash fixes, inbound protection, speed.
 
-These patch hypercorn internals, so pyproject pins hypercorn to 0.18.x and
-tests/test_server_hypercorn.py and tests/test_gateway_http.py exercise every one of them.
+These subclass and replace hypercorn internals, so they are applied only to the hypercorn versions
+whose internals they were written against (``VERIFIED_HYPERCORN``; ``check_version``), and
+tests/test_server_hypercorn.py and tests/test_server_inbound.py drive every one of them with
+scripted bytes and frames over real sockets.
 
-Robustness. kube-apiserver cancels its calls when its own timeout passes, so clients going away with
-requests in flight is normal traffic for an admission webhook; two hypercorn 0.18 defects turn that
-into a crash of the whole server process (reproduced by
-``test_h2_clients_dropping_streams_do_not_kill_the_server``):
+**Crash fixes.** kube-apiserver cancels its calls when its own timeout passes, so clients going away
+with requests in flight is normal traffic for an admission webhook; three hypercorn 0.18 defects
+turn that into a crash of the connection or the process, or a truncated reply:
 
 - ``H2Protocol._handle_events`` looks streams up with ``self.streams[stream_id]`` for DATA frames.
-  When the connection closes while an earlier event of the same batch is being handled (the client
-  disconnected), every stream is popped, and the next DATA event raises ``KeyError``, which escapes
-  the connection's task group. ``GuardedH2Protocol`` drops data for streams that are gone.
+  When an earlier event of the same batch closed the stream (RST_STREAM, then DATA for it),
+  the lookup raises ``KeyError``, which escapes the connection's task group.
+  ``GuardedH2Protocol`` drops data for streams that are gone (keeping the connection window).
 - ``TCPServer.protocol_send`` catches ``BrokenResourceError``/``ClosedResourceError`` from
   ``send_all`` but not ``BusyResourceError``, which trio raises when another task is closing the
-  stream at the same moment. ``GuardedTCPServer`` treats it like the other two: the peer is gone.
+  stream at the same moment. ``GatewayTCPServer`` treats it like the other two: the peer is gone.
+- Early GOAWAY (pgjones/hypercorn#226): when the server is terminating, the last stream to close
+  makes ``H2Protocol`` send GOAWAY, which can happen before the END_STREAM of that stream's reply
+  is written (the reply then ends with a protocol error for the caller). ``GuardedH2Protocol``
+  lets a stream report itself closed only once its reply has left the send buffer.
 
-Cost (docs/performance.md has the numbers; each is per inbound request, 8 KB review, HTTP/1.1+TLS):
+**Inbound protection** (docs/inbound.md; limits in ``gateway/server/limits.py``):
+``GatewayTCPServer`` replaces hypercorn's per-connection server: a connection the client closed is
+released at once (its requests are cancelled) instead of waiting for the keep-alive timer; request
+heads, bodies and idle keep-alive connections have deadlines; every write has a deadline (a client
+that does not read, or keeps an HTTP/2 window at zero, cannot pin a reply); open connections are
+registered with the listener's ``InboundRuntime`` for the connection bound and for shutdown
+(``Connection: close`` / GOAWAY while draining). ``GuardedH2Protocol`` also enforces the HTTP/2
+control-frame budget (GOAWAY ENHANCE_YOUR_CALM).
+
+**Speed** (docs/performance.md has the numbers; each is per inbound request):
 
 - ``RequestQueue`` replaces the per-request trio memory channel that feeds the ASGI ``receive``;
   it lets the app notice ``http.disconnect`` through a callback, so a review no longer needs a
   nursery and a watcher task to be cancelled when its caller goes away (about 50 µs).
-- ``_IdleTimer`` moves the deadline of one keep-alive timer task per connection instead of
-  cancelling a task and starting a new one (under a lock, with ``nursery.start``) twice per request.
+- ``_Watchdog`` moves the deadline of one timer task per connection instead of cancelling a task
+  and starting a new one (under a lock, with ``nursery.start``) twice per request.
 - ``GatewayH11Protocol`` writes an HTTP/1.1 response head together with its body (one TLS record,
   one ``send``) and skips the empty write of a Content-Length message's end (about 30 µs).
 
-None of them changes what goes over the wire beyond how the same bytes are split into writes.
+None of them changes what goes over the wire beyond how the same bytes are split into writes,
+except where a limit closes a connection.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as package_version
+from typing import Any, Final
+from urllib.parse import parse_qsl
 
+import h2.errors
 import h2.events
 import h2.exceptions
 import h11
 import hypercorn.protocol
+import structlog
 import trio
-from hypercorn.events import Closed, RawData
-from hypercorn.protocol.events import StreamClosed
+from hypercorn.events import Closed, RawData, Updated
+from hypercorn.protocol import ProtocolWrapper
+from hypercorn.protocol.events import Response, StreamClosed
 from hypercorn.protocol.h2 import H2Protocol
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio import run as hypercorn_run
 from hypercorn.trio import tcp_server
 from hypercorn.trio.task_group import TaskGroup, _handle
-from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
+from hypercorn.typing import ConnectionState
+from hypercorn.utils import parse_socket_addr
+
+from gateway.server.limits import ControlFrameBudget, InboundLimits, InboundRuntime
+from gateway.server.timeouts import parse_go_duration
 
 Message = MutableMapping[str, Any]
 
+log = structlog.get_logger("gateway.server")
+
+# The hypercorn releases whose internals (TCPServer.run/protocol_send, H2Protocol._handle_events/
+# stream_send/_send_data, H11Protocol._send_h11_event, TaskGroup.spawn_app, HTTPStream.app_send)
+# were read and tested against. Another version must be read again before it is added here.
+VERIFIED_HYPERCORN: Final = frozenset({"0.18.0"})
+
+# How long the requests of a connection the client closed get to notice (http.disconnect) and end
+# by themselves before they are cancelled.
+_RELEASE_GRACE: Final = 0.25
+
 _installed = False
+
+
+class UnsupportedHypercornError(SystemExit):
+    """The installed hypercorn is not one whose internals the patches were verified against."""
+
+
+def check_version(installed: str | None = None) -> None:
+    """Refuse to run (one line, no traceback) unless hypercorn's version is a verified one."""
+    if installed is None:
+        try:
+            installed = package_version("hypercorn")
+        except PackageNotFoundError:
+            installed = "unknown"
+    if installed not in VERIFIED_HYPERCORN:
+        raise UnsupportedHypercornError(
+            f"webhook-gateway: hypercorn {installed} is not supported (verified: "
+            f"{', '.join(sorted(VERIFIED_HYPERCORN))}); install a verified version"
+        )
+
+
+def runtime_of(config: Any) -> InboundRuntime:
+    """The listener's shared state; a plain hypercorn Config gets a default one (tests)."""
+    runtime: InboundRuntime | None = getattr(config, "inbound", None)
+    if runtime is None:
+        runtime = InboundRuntime()
+        config.inbound = runtime
+    return runtime
+
+
+# --- speed: the request queue ---------------------------------------------------------------------
 
 
 class RequestQueue:
@@ -62,9 +130,21 @@ class RequestQueue:
     Bounded like the memory channel it replaces (``max_app_queue_size``). ``disconnected`` turns
     true and ``on_disconnect`` is called as soon as hypercorn reports the caller gone, whether or not
     the app is reading: that is how a review in dispatch gets cancelled without a watcher task.
+
+    ``body_deadline``: when the body has not fully arrived by then, ``on_body_timeout`` is called
+    and the app reads ``http.disconnect`` (the server closes the connection or resets the stream).
     """
 
-    __slots__ = ("_items", "_readers", "_size", "_writers", "disconnected", "on_disconnect")
+    __slots__ = (
+        "_items",
+        "_readers",
+        "_size",
+        "_writers",
+        "body_deadline",
+        "disconnected",
+        "on_body_timeout",
+        "on_disconnect",
+    )
 
     def __init__(self, size: int) -> None:
         self._items: deque[Message] = deque()
@@ -73,34 +153,72 @@ class RequestQueue:
         self._writers = trio.lowlevel.ParkingLot()
         self.disconnected = False
         self.on_disconnect: Callable[[], object] | None = None
+        self.body_deadline = math.inf
+        self.on_body_timeout: Callable[[], object] | None = None
 
     async def put(self, message: Message) -> None:
-        """hypercorn's ``app_put``: waits while the queue is full."""
+        """hypercorn's ``app_put``: waits while the queue is full (never for the disconnect)."""
+        kind = message["type"]
+        if kind == "http.disconnect":
+            self._items.append(message)
+            self._readers.unpark()
+            self.disconnected = True
+            self.body_deadline = math.inf
+            if self.on_disconnect is not None:
+                self.on_disconnect()
+            return
         while len(self._items) >= self._size:
             await self._writers.park()
         self._items.append(message)
         self._readers.unpark()
-        if message["type"] == "http.disconnect":
-            self.disconnected = True
-            if self.on_disconnect is not None:
-                self.on_disconnect()
+        if not message.get("more_body", False):
+            self.body_deadline = math.inf  # the whole body is here
 
     async def receive(self) -> Message:
         """The app's ``receive``: the next message, waiting for one if needed."""
         while not self._items:
-            await self._readers.park()
+            if self.body_deadline == math.inf:
+                await self._readers.park()
+                continue
+            with trio.move_on_at(self.body_deadline):
+                await self._readers.park()
+            if not self._items and trio.current_time() >= self.body_deadline:
+                self.body_deadline = math.inf
+                self.disconnected = True
+                if self.on_body_timeout is not None:
+                    self.on_body_timeout()
+                return {"type": "http.disconnect"}
         message = self._items.popleft()
         self._writers.unpark()
         return message
 
 
 class GatewayTaskGroup(TaskGroup):
-    """hypercorn's per-connection task group, handing apps a ``RequestQueue`` instead of a channel."""
+    """hypercorn's per-connection task group: a ``RequestQueue`` per request, deadlines on sends."""
+
+    def __init__(self, server: GatewayTCPServer | None = None) -> None:
+        super().__init__()
+        self._server = server
+
+    def cancel(self) -> None:
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    def cancel_after(self, seconds: float) -> None:
+        if self._nursery is not None:
+            scope = self._nursery.cancel_scope
+            scope.deadline = min(scope.deadline, trio.current_time() + seconds)
 
     async def spawn_app(
         self, app: Any, config: Any, scope: Any, send: Callable[[Any], Awaitable[None]]
     ) -> Callable[[Any], Awaitable[None]]:
         queue = RequestQueue(config.max_app_queue_size)
+        server = self._server
+        if server is not None:
+            stream_id: int = getattr(getattr(send, "__self__", None), "stream_id", 1)
+            queue.body_deadline = trio.current_time() + server.body_budget(scope)
+            queue.on_body_timeout = lambda: server.body_timed_out(stream_id)
+            send = server.bounded_send(send)
         assert self._nursery is not None
         handle: Any = _handle  # hypercorn types receive as its own event union
         self._nursery.start_soon(
@@ -109,65 +227,15 @@ class GatewayTaskGroup(TaskGroup):
         return queue.put
 
 
-class _IdleTimer:
-    """The keep-alive idle timeout as one task per connection whose deadline moves.
-
-    Stands in for hypercorn's ``TrioSingleTask``, which cancels its task and starts a new one (with
-    ``nursery.start`` under a lock) on every idle/busy switch, i.e. twice per request. Same contract
-    as hypercorn's ``_idle_timeout``: while the connection is idle, close it after
-    ``keep_alive_timeout`` or at once when the server is terminating; while busy, never.
-    """
-
-    __slots__ = ("_busy", "_deadline", "_on_idle", "_scope", "_server")
-
-    def __init__(self, server: TCPServer) -> None:
-        self._server = server
-        self._busy = False
-        self._deadline = math.inf
-        self._scope: trio.CancelScope | None = None
-        self._on_idle: trio.Event | None = None
-
-    async def restart(self, task_group: Any, action: object) -> None:
-        """The connection became idle (hypercorn passes its own ``_idle_timeout``: not needed)."""
-        self._busy = False
-        self._deadline = trio.current_time() + self._server.config.keep_alive_timeout
-        if self._scope is None:
-            self._scope = trio.CancelScope(deadline=self._deadline)
-            task_group._nursery.start_soon(self._run)
-        else:
-            self._scope.deadline = self._deadline
-        if self._on_idle is not None:
-            self._on_idle.set()
-            self._on_idle = None
-
-    async def stop(self) -> None:
-        """The connection is handling a request."""
-        self._busy = True
-        self._deadline = math.inf
-        if self._scope is not None:
-            self._scope.deadline = math.inf
-
-    async def _run(self) -> None:
-        terminated = self._server.context.terminated
-        scope = self._scope
-        while True:
-            assert scope is not None
-            with scope:
-                await terminated.wait()
-            # The idle deadline passed or the server is terminating; a request may have arrived
-            # meanwhile: then wait until the connection is idle again and look once more.
-            if not self._busy:
-                break
-            self._on_idle = trio.Event()
-            await self._on_idle.wait()
-            scope = self._scope = trio.CancelScope(deadline=self._deadline)
-        self._scope = None
-        with trio.CancelScope(shield=True):
-            await self._server._initiate_server_close()
+# --- speed + protection: HTTP/1.1 -----------------------------------------------------------------
 
 
 class GatewayH11Protocol(H11Protocol):
-    """HTTP/1.1: the response head waits for the first body bytes and goes out in the same write."""
+    """HTTP/1.1: the response head waits for the first body bytes and goes out in the same write.
+
+    While the server drains, every response carries ``Connection: close`` so that callers move to
+    another replica.
+    """
 
     _held = b""
 
@@ -191,43 +259,369 @@ class GatewayH11Protocol(H11Protocol):
         if self._held and isinstance(event, StreamClosed):  # an app that never sent its body
             data, self._held = self._held, b""
             await self.send(RawData(data=data))
+        elif type(event) is Response and event.status_code >= 200 and runtime_of(self.config).draining:
+            event = dataclasses.replace(event, headers=[*event.headers, (b"connection", b"close")])
         await super().stream_send(event)
 
 
+# --- crash fixes + protection: HTTP/2 -------------------------------------------------------------
+
+
 class GuardedH2Protocol(H2Protocol):
-    """HTTP/2: data for a stream closed under us (client gone) is dropped, its window kept."""
+    """HTTP/2 with the crash fixes (data for closed streams, early GOAWAY) and the frame budget."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        limits = runtime_of(self.config).limits
+        self.budget = ControlFrameBudget(
+            limits.h2_control_burst, limits.h2_control_rate, limits.h2_max_settings, now=trio.current_time()
+        )
+        self._sent = trio.lowlevel.ParkingLot()
+        self.flooded = False
+
+    async def handle(self, event: Any) -> None:
+        if (
+            isinstance(event, RawData)
+            and not self.closed
+            and not self.budget.feed(event.data, trio.current_time())
+        ):
+            await self._calm_down()
+            return
+        await super().handle(event)
+        if isinstance(event, Closed):
+            self._sent.unpark_all()
+
+    async def _calm_down(self) -> None:
+        """Over the control-frame budget: GOAWAY ENHANCE_YOUR_CALM, then close (counted)."""
+        self.flooded = True
+        events = runtime_of(self.config).events
+        events.h2_goaway("flood")
+        events.connection_closed("h2_flood")
+        with contextlib.suppress(h2.exceptions.ProtocolError):
+            self.connection.close_connection(error_code=h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+        await self._flush()
+        await self.send(Closed())
 
     async def _handle_events(self, events: list[h2.events.Event]) -> None:
         for event in events:
             if isinstance(event, h2.events.DataReceived) and event.stream_id not in self.streams:
+                # Crash fix: the stream was closed by an earlier event of this batch.
                 with contextlib.suppress(h2.exceptions.ProtocolError, h2.exceptions.StreamClosedError):
                     self.connection.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
                 continue
             await super()._handle_events([event])
 
+    async def _send_data(self, stream_id: int) -> None:
+        await super()._send_data(stream_id)
+        if stream_id not in self.stream_buffers:
+            self._sent.unpark_all()
 
-class GuardedTCPServer(TCPServer):
+    async def stream_send(self, event: Any) -> None:
+        if isinstance(event, StreamClosed):
+            # Crash fix (early GOAWAY): the last stream closing on a terminating (or draining)
+            # server makes a GOAWAY go out; the stream counts as closed, and the connection as
+            # idle, only once this stream's reply (and END_STREAM) has been written.
+            while event.stream_id in self.stream_buffers and not self.closed:
+                await self._sent.park()
+        await super().stream_send(event)
+
+
+# --- protection: the connection -------------------------------------------------------------------
+
+
+class _Watchdog:
+    """One timer task per connection whose deadline moves: header, idle, or none while busy.
+
+    Also woken (``poke``) when the listener starts draining or terminating.
+    """
+
+    __slots__ = ("_poked", "_scope", "_server", "_stopped", "deadline", "reason")
+
+    def __init__(self, server: GatewayTCPServer) -> None:
+        self._server = server
+        self.deadline = math.inf
+        self.reason = ""
+        self._scope: trio.CancelScope | None = None
+        self._poked = False
+        self._stopped = False
+
+    def set(self, deadline: float, reason: str) -> None:
+        self.deadline, self.reason = deadline, reason
+        if self._scope is not None:
+            self._scope.deadline = deadline
+
+    def poke(self) -> None:
+        self._poked = True
+        if self._scope is not None:
+            self._scope.cancel()
+
+    def stop(self) -> None:
+        """The client went away: nothing is left to time out."""
+        self.deadline, self.reason = math.inf, ""
+        self._stopped = True
+        self.poke()
+
+    async def run(self) -> None:
+        server = self._server
+        terminated = server.context.terminated
+        while not (server.aborted or self._stopped):
+            with trio.CancelScope(deadline=self.deadline) as scope:
+                self._scope = scope
+                if not self._poked:
+                    if terminated.is_set():
+                        await trio.sleep_forever()
+                    await terminated.wait()
+                    self._poked = True
+            self._scope = None
+            if trio.current_time() >= self.deadline:
+                server.abort(self.reason)
+                return
+            if self._poked:
+                self._poked = False
+                await server.lifecycle()
+
+
+class GatewayTCPServer(TCPServer):
+    """hypercorn's per-connection server with the inbound limits and the crash fix for sends."""
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.idle_task = _IdleTimer(self)  # type: ignore[assignment]
+        self.runtime = runtime_of(self.config)
+        self.limits: InboundLimits = self.runtime.limits
+        self.watchdog = _Watchdog(self)
+        self.idle = True
+        self.aborted = False
+        self._goaway_sent = False
+        self._task_group: GatewayTaskGroup | None = None  # type: ignore[assignment]
 
-    async def protocol_send(self, event: Any) -> None:
+    # --- the listener's side ------------------------------------------------------------------
+
+    def poke(self) -> None:
+        self.watchdog.poke()
+
+    def abort(self, reason: str) -> None:
+        """Close now (a limit was hit): count it, cancel every request of this connection."""
+        if self.aborted:
+            return
+        self.aborted = True
+        if reason:
+            self.runtime.events.connection_closed(reason)
+        if self._task_group is not None:
+            self._task_group.cancel()
+
+    async def lifecycle(self) -> None:
+        """The listener started draining or terminating."""
+        if (self.runtime.terminating or self.context.terminated.is_set()) and self.idle:
+            self.abort("")
+            return
+        if self.runtime.draining and self.idle and not self._goaway_sent and self._is_h2():
+            # GOAWAY only once no stream is in flight: clients built on python-h2 cannot receive
+            # the rest of a reply after a GOAWAY, whatever its last-stream-id says.
+            self._goaway_sent = True
+            self.runtime.events.h2_goaway("drain")
+            protocol: Any = self.protocol.protocol
+            with contextlib.suppress(h2.exceptions.ProtocolError):
+                protocol.connection.close_connection()
+            await protocol._flush()
+
+    def _is_h2(self) -> bool:
+        protocol = getattr(self, "protocol", None)
+        return isinstance(getattr(protocol, "protocol", None), H2Protocol)
+
+    # --- requests -----------------------------------------------------------------------------
+
+    def body_budget(self, scope: Any) -> float:
+        """The body must arrive within --body-read-timeout and within the caller's ``?timeout=``."""
+        budget = self.limits.body_timeout
+        qs: bytes = scope.get("query_string", b"")
+        if qs:
+            for key, value in parse_qsl(qs.decode("latin-1")):
+                if key == "timeout":
+                    seconds = parse_go_duration(value)
+                    if seconds is not None and seconds > 0:
+                        budget = min(budget, seconds)
+        return budget
+
+    def body_timed_out(self, stream_id: int) -> None:
+        """A request body did not arrive in time: reset its HTTP/2 stream, or close the connection."""
+        protocol = getattr(getattr(self, "protocol", None), "protocol", None)
+        if isinstance(protocol, H2Protocol) and self._task_group is not None:
+            self.runtime.events.connection_closed("body_timeout")
+            self._task_group.spawn(self._reset_stream, protocol, stream_id)
+        else:
+            self.abort("body_timeout")
+
+    async def _reset_stream(self, protocol: H2Protocol, stream_id: int) -> None:
+        with contextlib.suppress(h2.exceptions.ProtocolError, h2.exceptions.StreamClosedError):
+            protocol.connection.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
+        await protocol._close_stream(stream_id)
+        await protocol._flush()
+
+    def bounded_send(self, send: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
+        """The app's ``send`` with the write deadline: a reply the client does not take ends it."""
+        timeout = self.limits.write_timeout
+
+        async def bounded(message: Any) -> None:
+            with trio.move_on_after(timeout) as scope:
+                await send(message)
+            if scope.cancelled_caught:
+                self.abort("write_timeout")
+                await trio.lowlevel.checkpoint()  # the connection's cancellation ends the app here
+
+        return bounded
+
+    # --- hypercorn's TCPServer, with the limits -----------------------------------------------
+
+    async def run(self) -> None:
+        runtime = self.runtime
+        runtime.connections.add(self)
         try:
-            await super().protocol_send(event)
-        except trio.BusyResourceError:
+            await self._serve()
+        except Exception:
+            # A defect in handling one connection must not end the listener (and with it every
+            # other caller's connection): log it with its traceback, drop this connection only.
+            log.exception("inbound connection failed; closed")
+            await trio.aclose_forcefully(self.stream)
+        finally:
+            runtime.connections.discard(self)
+
+    async def _serve(self) -> None:
+        started = trio.current_time()
+        try:
+            try:
+                with trio.fail_after(self.config.ssl_handshake_timeout):
+                    await self.stream.do_handshake()
+            except trio.TooSlowError:  # a TLS handshake is part of the first request's head
+                self.runtime.events.connection_closed("header_timeout")
+                await trio.aclose_forcefully(self.stream)
+                return
+            except trio.BrokenResourceError:
+                await trio.aclose_forcefully(self.stream)
+                return
+            alpn_protocol = self.stream.selected_alpn_protocol()
+            socket = self.stream.transport_stream.socket
+            ssl = True
+        except AttributeError:  # not TLS
+            alpn_protocol = "http/1.1"
+            socket = self.stream.socket
+            ssl = False
+        try:
+            client = parse_socket_addr(socket.family, socket.getpeername())
+            server = parse_socket_addr(socket.family, socket.getsockname())
+            task_group = GatewayTaskGroup(self)
+            # A plain nursery rather than ``async with task_group``: hypercorn's ``__aexit__`` drops
+            # the nursery's answer, so cancelling the group (a limit closed the connection) would
+            # escape as if it came from outside and cancel the whole listener.
+            async with trio.open_nursery() as nursery:
+                task_group._nursery = nursery
+                self._task_group = task_group
+                self.protocol = ProtocolWrapper(
+                    self.app,
+                    self.config,
+                    self.context,
+                    task_group,
+                    ConnectionState(self.state),
+                    ssl,
+                    client,
+                    server,
+                    self.protocol_send,
+                    alpn_protocol,
+                )
+                await self.protocol.initiate()
+                self.watchdog.set(started + self.limits.header_timeout, "header_timeout")
+                task_group.spawn(self.watchdog.run)
+                if self.runtime.terminating:
+                    self.watchdog.poke()
+                await self._read_data()
+                # The client is gone: its requests were told (http.disconnect) and end now; those
+                # that cannot (a reply stuck in a send) are cancelled shortly after. Nothing waits
+                # for the keep-alive timer.
+                self.watchdog.stop()
+                task_group.cancel_after(_RELEASE_GRACE)
+        except OSError:
+            pass
+        finally:
+            if self.aborted:
+                await trio.aclose_forcefully(self.stream)
+            else:
+                await self._close()
+
+    async def _read_data(self) -> None:
+        watchdog = self.watchdog
+        while True:
+            try:
+                data = await self.stream.receive_some(MAX_RECV)
+            except (trio.ClosedResourceError, trio.BrokenResourceError):
+                break
+            if not data:
+                break
+            if self.idle and watchdog.reason == "idle_timeout" and not self._is_h2():
+                # The first bytes of the next HTTP/1.1 request: its head has a deadline now.
+                watchdog.set(
+                    min(watchdog.deadline, trio.current_time() + self.limits.header_timeout),
+                    "header_timeout",
+                )
+            await self.protocol.handle(RawData(bytes(data)))
+            if watchdog.reason == "header_timeout" and self.idle and self._is_h2():
+                protocol: Any = self.protocol.protocol
+                if protocol.budget._preface == 0:  # the connection preface is in: idle from now
+                    watchdog.set(trio.current_time() + self.config.keep_alive_timeout, "idle_timeout")
+        with trio.CancelScope(shield=True):
             await self.protocol.handle(Closed())
 
+    async def protocol_send(self, event: Any) -> None:
+        if isinstance(event, RawData):
+            if self.aborted:
+                return
+            async with self.send_lock:
+                deadline = trio.current_time() + self.limits.write_timeout
+                failed = False
+                with trio.CancelScope(shield=True, deadline=deadline) as scope:
+                    try:
+                        await self.stream.send_all(event.data)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
+                        failed = True  # crash fix: Busy too (another task is closing the stream)
+            if scope.cancelled_caught:
+                self.abort("write_timeout")
+            elif failed:
+                with trio.CancelScope(shield=True):
+                    await self.protocol.handle(Closed())
+        elif isinstance(event, Closed):
+            await self._close()
+            await self.protocol.handle(Closed())
+        elif isinstance(event, Updated):
+            self.idle = event.idle
+            if not event.idle:
+                self.watchdog.set(math.inf, "")
+            elif self.runtime.terminating or self.context.terminated.is_set():
+                self.abort("")
+            else:
+                if self.runtime.draining:
+                    self.watchdog.poke()  # HTTP/2: GOAWAY now that no stream is in flight
+                self.watchdog.set(trio.current_time() + self.config.keep_alive_timeout, "idle_timeout")
+
     async def _close(self) -> None:
-        with contextlib.suppress(trio.BusyResourceError, trio.BrokenResourceError, trio.ClosedResourceError):
-            await super()._close()
+        with trio.move_on_after(1.0) as scope:
+            with contextlib.suppress(
+                trio.BusyResourceError, trio.BrokenResourceError, trio.ClosedResourceError
+            ):
+                await super()._close()
+        if scope.cancelled_caught:
+            await trio.aclose_forcefully(self.stream)
 
 
 def install() -> None:
-    """Make hypercorn's trio worker use the classes above (idempotent, process-wide)."""
+    """Make hypercorn's trio worker use the classes above (idempotent, process-wide).
+
+    Refuses (``UnsupportedHypercornError``) on a hypercorn whose internals were not verified.
+    """
     global _installed  # noqa: PLW0603 - a one-time process-wide patch, by design
+    check_version()
     if not _installed:
-        hypercorn_run.TCPServer = GuardedTCPServer  # type: ignore[attr-defined]
+        # Crash fixes and inbound protection.
+        hypercorn_run.TCPServer = GatewayTCPServer  # type: ignore[attr-defined]
+        hypercorn.protocol.H2Protocol = GuardedH2Protocol  # type: ignore[attr-defined]
+        # Speed (and the body deadline, which lives in the request queue).
         tcp_server.TaskGroup = GatewayTaskGroup  # type: ignore[attr-defined]
         hypercorn.protocol.H11Protocol = GatewayH11Protocol  # type: ignore[attr-defined]
-        hypercorn.protocol.H2Protocol = GuardedH2Protocol  # type: ignore[attr-defined]
         _installed = True

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 import structlog
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
 
 from gateway.config.load import load_directory
 from gateway.config.model import Snapshot
@@ -31,6 +30,14 @@ from gateway.dispatch.ports import NamespaceNotFoundError
 from gateway.errors import ConfigError
 from gateway.server import hypercorn_fixes
 from gateway.server.app import GatewayApp, Readiness, ServerSettings
+from gateway.server.limits import (
+    DEFAULT_FD_RESERVE,
+    InboundLimits,
+    InboundRuntime,
+    connection_bound,
+    raise_nofile_limit,
+)
+from gateway.server.listener import serve_inbound
 from gateway.wire.tls import server_context
 
 if TYPE_CHECKING:
@@ -40,25 +47,36 @@ log = structlog.get_logger("gateway.server")
 
 
 class ReloadableTLS:
-    """A server SSLContext whose certificate can be replaced in place (rotation without restart).
+    """The serving certificate, replaced atomically when its files change (rotation without restart).
 
-    ``SSLContext.load_cert_chain`` on a live context changes the certificate for new handshakes;
-    established connections keep theirs.
+    ``context`` is the SSLContext new connections handshake with (the listener asks for it at every
+    accept). ``reload`` builds a *new* context from the files and swaps it in only when the pair
+    loads and matches; otherwise the old pair keeps serving and the error is raised. Loading into
+    the live context instead would leave it half-replaced while a renewer has written the new
+    certificate but not yet its key, and every handshake in between would fail.
     """
 
     def __init__(self, certfile: str, keyfile: str, client_ca: str | None) -> None:
-        self.certfile, self.keyfile = certfile, keyfile
-        self.context = server_context(certfile, keyfile, client_ca=client_ca)  # TRN-14 with client_ca
+        self.certfile, self.keyfile, self.client_ca = certfile, keyfile, client_ca
+        self.context = self._build()
+
+    def _build(self) -> ssl.SSLContext:
+        # TRN-14 with client_ca; raises unless the key matches the certificate.
+        return server_context(self.certfile, self.keyfile, client_ca=self.client_ca)
 
     def reload(self) -> None:
-        """Load the files again; a broken pair keeps the old certificate (and raises)."""
-        self.context.load_cert_chain(self.certfile, self.keyfile)
+        """Load the files into a new context and use it from the next handshake on; raise if broken."""
+        self.context = self._build()
+
+    def current(self) -> ssl.SSLContext:
+        return self.context
 
 
 class _HypercornConfig(HypercornConfig):
-    """hypercorn's Config, handing out our reloadable SSLContext instead of building its own."""
+    """hypercorn's Config, with the listener's inbound runtime (limits, open connections)."""
 
     tls: ReloadableTLS | None = None
+    inbound: InboundRuntime | None = None
 
     def create_ssl_context(self) -> ssl.SSLContext | None:
         return self.tls.context if self.tls is not None else None
@@ -68,19 +86,26 @@ class _HypercornConfig(HypercornConfig):
         return self.tls is not None
 
 
-def hypercorn_config(bind: str, *, tls: ReloadableTLS | None, shutdown_timeout: float) -> HypercornConfig:
-    """Tuned for long-lived apiserver connections (docs/performance.md)."""
+def hypercorn_config(
+    bind: str,
+    *,
+    tls: ReloadableTLS | None,
+    shutdown_timeout: float,
+    runtime: InboundRuntime | None = None,
+) -> HypercornConfig:
+    """Tuned for long-lived apiserver connections (docs/performance.md, docs/inbound.md)."""
     cfg = _HypercornConfig()
     cfg.tls = tls
+    cfg.inbound = runtime or InboundRuntime()
     cfg.bind = [bind]
     cfg.accesslog = None  # the canonical review line is the access log
     cfg.errorlog = logging.getLogger("hypercorn.error")  # through our log pipeline, once
     # hypercorn closes a connection after 1,000 requests by default (for HTTP/2 too); kube-apiserver
     # keeps connections for a long time, and reconnecting costs a TLS handshake per 1,000 reviews.
     cfg.keep_alive_max_requests = 2**31
-    cfg.keep_alive_timeout = 120.0  # > the apiserver's 90 s idle-connection timeout
+    cfg.keep_alive_timeout = cfg.inbound.limits.idle_timeout  # > the apiserver's 90 s idle timeout
     cfg.h2_max_concurrent_streams = 250
-    cfg.ssl_handshake_timeout = 10.0
+    cfg.ssl_handshake_timeout = cfg.inbound.limits.header_timeout
     cfg.graceful_timeout = shutdown_timeout
     cfg.backlog = 1024
     return cfg
@@ -114,6 +139,7 @@ async def serve(
 
     hypercorn_fixes.install()
     strict = bool(options.strict_https)
+    nofile = raise_nofile_limit()  # as Go programs do: the hard limit is what the operator allows
 
     def load(generation: int) -> Snapshot:
         return load_directory(options.config, strict_https=strict, generation=generation)
@@ -135,6 +161,17 @@ async def serve(
     tls = ReloadableTLS(options.certfile, options.keyfile, options.client_ca) if options.certfile else None
     if tls is not None:
         observer.serving_certificate_loaded(tls.certfile)
+    limits = inbound_limits(options)
+    runtime = InboundRuntime(
+        limits=limits,
+        events=observer,
+        max_connections=connection_bound(
+            limits.max_connections,
+            nofile=nofile,
+            reserve=getattr(options, "fd_reserve", DEFAULT_FD_RESERVE),
+        ),
+    )
+    observer.set_inbound_source(lambda: runtime.open_connections)
     readiness = readiness if readiness is not None else Readiness()  # a worker passes one (--workers)
     shutdown_requested = trio.Event()
 
@@ -218,7 +255,7 @@ async def serve(
                 partial(
                     watch_files,
                     [Path(tls.certfile), Path(tls.keyfile)],
-                    _reload_tls(tls, observer.serving_certificate_loaded),
+                    _reload_tls(tls, observer),
                     interval=options.config_poll_seconds,
                 )
             )
@@ -228,13 +265,17 @@ async def serve(
             nursery.start_soon(_wait_for_signal, shutdown_requested)
         # The HTTP servers get their own nursery: it closes only when hypercorn has drained them.
         async with trio.open_nursery() as servers:
-            main_cfg = hypercorn_config(options.bind, tls=tls, shutdown_timeout=options.shutdown_timeout)
-            urls: list[str] = await servers.start(_serve_app, app, main_cfg, stop_serving.wait)
+            main_cfg = hypercorn_config(
+                options.bind, tls=tls, shutdown_timeout=options.shutdown_timeout, runtime=runtime
+            )
+            urls: list[str] = await servers.start(
+                _serve_app, app, main_cfg, tls.current if tls is not None else None, stop_serving.wait
+            )
             metrics_urls: list[str] = []
             if options.metrics_bind:
                 metrics_cfg = hypercorn_config(options.metrics_bind, tls=None, shutdown_timeout=1.0)
                 metrics_urls = await servers.start(
-                    _serve_app, _MetricsOnly(app), metrics_cfg, stop_serving.wait
+                    _serve_app, _MetricsOnly(app), metrics_cfg, None, stop_serving.wait
                 )
             log.info(
                 "serving",
@@ -260,19 +301,20 @@ async def serve(
             task_status.started(Running(urls, metrics_urls, app, shutdown_requested.set))
 
             await shutdown_requested.wait()
+            # Everything below ends by this time, whatever clients do.
+            hard_deadline = trio.current_time() + options.drain_seconds + options.shutdown_timeout
             readiness.draining = True  # /readyz → 503 at once; keep serving while endpoints update
+            runtime.start_draining()  # answers carry Connection: close; HTTP/2 callers get GOAWAY
             if registrar is not None:
-                with trio.move_on_after(10):
+                with trio.move_on_at(hard_deadline):
                     await registrar.shutdown()  # relax the registrations on uninstall; hand over the Lease
             log.info("shutting down: draining", drain_seconds=options.drain_seconds)
             await trio.sleep(options.drain_seconds)
-            # Let in-flight reviews finish *before* hypercorn starts closing connections: its HTTP/2
-            # shutdown can send GOAWAY before the END_STREAM of a response still being written
-            # (pgjones/hypercorn#226), which the caller would see as a failed call.
-            with trio.move_on_after(options.shutdown_timeout):
+            # Let in-flight reviews finish before connections are closed.
+            with trio.move_on_at(hard_deadline):
                 await app.wait_idle()
-            stop_serving.set()  # hypercorn stops accepting and closes the (now idle) connections
-            servers.cancel_scope.deadline = trio.current_time() + options.shutdown_timeout + 1.0
+            stop_serving.set()  # stop accepting; idle connections close at once, busy ones when answered
+            servers.cancel_scope.deadline = hard_deadline
         nursery.cancel_scope.cancel()  # watchers, namespace source, pool readers
     log.info("stopped")
 
@@ -280,11 +322,29 @@ async def serve(
 async def _serve_app(
     app: Any,
     cfg: HypercornConfig,
+    tls_context: Callable[[], ssl.SSLContext] | None,
     shutdown_trigger: Callable[[], Awaitable[Any]],
     *,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    await hypercorn_serve(app, cfg, shutdown_trigger=shutdown_trigger, task_status=task_status)
+    await serve_inbound(
+        app, cfg, tls_context=tls_context, shutdown_trigger=shutdown_trigger, task_status=task_status
+    )
+
+
+def inbound_limits(options: Namespace) -> InboundLimits:
+    """The inbound limits from the CLI options (defaults where an option is absent)."""
+    d = InboundLimits()
+    return InboundLimits(
+        header_timeout=getattr(options, "header_read_timeout", d.header_timeout),
+        body_timeout=getattr(options, "body_read_timeout", d.body_timeout),
+        idle_timeout=getattr(options, "idle_timeout", d.idle_timeout),
+        write_timeout=getattr(options, "write_timeout", d.write_timeout),
+        max_connections=getattr(options, "max_inbound_connections", d.max_connections),
+        h2_control_burst=getattr(options, "h2_control_frame_burst", d.h2_control_burst),
+        h2_control_rate=getattr(options, "h2_control_frame_rate", d.h2_control_rate),
+        h2_max_settings=d.h2_max_settings,
+    )
 
 
 def _reload_credentials(caller: Any, path: str) -> Callable[[Sequence[Path]], None]:
@@ -302,17 +362,29 @@ def _reload_credentials(caller: Any, path: str) -> Callable[[Sequence[Path]], No
     return reload
 
 
-def _reload_tls(
-    tls: ReloadableTLS, on_loaded: Callable[[str], None] | None = None
-) -> Callable[[Sequence[Path]], None]:
+def _reload_tls(tls: ReloadableTLS, observer: Any) -> Callable[[Sequence[Path]], None]:
+    """Swap in the new pair if it loads and matches; otherwise keep the old one, log once, count."""
+    last_error = ""
+
     def reload(_changed: Sequence[Path]) -> None:
+        nonlocal last_error
         try:
             tls.reload()
-            log.info("serving certificate reloaded", certfile=tls.certfile)
-            if on_loaded is not None:
-                on_loaded(tls.certfile)
         except (OSError, ssl.SSLError) as exc:
-            log.error("serving certificate reload failed; keeping the old one", error=str(exc))
+            observer.certificate_reloaded(ok=False)
+            error = str(exc) or type(exc).__name__
+            if error != last_error:  # a renewer writing in steps must not flood the log
+                log.error(
+                    "serving certificate reload failed; still serving the previous certificate",
+                    certfile=tls.certfile,
+                    error=error,
+                )
+            last_error = error
+            return
+        last_error = ""
+        observer.certificate_reloaded(ok=True)
+        observer.serving_certificate_loaded(tls.certfile)
+        log.info("serving certificate reloaded", certfile=tls.certfile)
 
     return reload
 

@@ -1,0 +1,240 @@
+"""Inbound connection limits: what one client may cost the gateway, and the bookkeeping behind them.
+
+kube-apiserver opens, reuses and drops many keep-alive connections, and anything in the cluster
+network can reach the serving port. These limits keep one client (or ordinary churn) from taking
+the admission path away from everybody else:
+
+- deadlines for reading a request head, a request body, and for an idle keep-alive connection;
+- a write deadline for a response the client does not take (TCP or HTTP/2 flow control);
+- a bound on open inbound connections, derived from the file-descriptor limit;
+- a per-connection budget for HTTP/2 control frames (``ControlFrameBudget``).
+
+``InboundRuntime`` is the shared state of one listener: the open connections, draining/terminating,
+and the sink its events (connections closed or rejected, by reason) are counted in. docs/inbound.md
+documents every option, its default and why.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+
+import structlog
+
+log = structlog.get_logger("gateway.server")
+
+# Why these (docs/inbound.md): a request head is a few hundred bytes, a review body at most a few
+# MiB on a cluster network; the apiserver's own idle-connection timeout is 90 s.
+DEFAULT_HEADER_TIMEOUT: Final = 10.0
+DEFAULT_BODY_TIMEOUT: Final = 10.0
+DEFAULT_IDLE_TIMEOUT: Final = 120.0
+DEFAULT_WRITE_TIMEOUT: Final = 10.0
+DEFAULT_FD_RESERVE: Final = 512
+# The derived connection bound never exceeds this: an open connection costs tens of KiB in the
+# server, and kube-apiserver needs a few connections per replica (hundreds over HTTP/1.1).
+MAX_DERIVED_CONNECTIONS: Final = 4096
+
+# HTTP/2 control frames (docs/inbound.md): like nghttp2's "glitch" rate limit, a bucket of 1,000
+# frames refilled at 100 per second; and at most 32 entries in one SETTINGS frame (nghttp2's bound).
+DEFAULT_H2_CONTROL_BURST: Final = 1000
+DEFAULT_H2_CONTROL_RATE: Final = 100.0
+DEFAULT_H2_MAX_SETTINGS: Final = 32
+
+# Why a connection was closed by the gateway, or refused (metric label values: a closed set).
+CLOSE_REASONS: Final = (
+    "header_timeout",
+    "body_timeout",
+    "idle_timeout",
+    "write_timeout",
+    "h2_flood",
+    "shutdown",
+)
+REJECT_REASONS: Final = ("limit", "accept_error")
+
+ACCEPT_CAPACITY_ERRNOS: Final = frozenset(
+    e for e in (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS) if e is not None
+)
+
+
+@dataclass(frozen=True, slots=True)
+class InboundLimits:
+    """Every inbound limit, in seconds / counts (CLI options in gateway/cli.py)."""
+
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT
+    body_timeout: float = DEFAULT_BODY_TIMEOUT
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT
+    write_timeout: float = DEFAULT_WRITE_TIMEOUT
+    max_connections: int = 0  # 0: derived from RLIMIT_NOFILE (``connection_bound``)
+    h2_control_burst: int = DEFAULT_H2_CONTROL_BURST
+    h2_control_rate: float = DEFAULT_H2_CONTROL_RATE
+    h2_max_settings: int = DEFAULT_H2_MAX_SETTINGS
+
+
+def raise_nofile_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard limit (as Go programs do at start); the new soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard not in (resource.RLIM_INFINITY, soft):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):  # a sandbox may refuse; keep what we have
+            pass
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def connection_bound(configured: int, *, nofile: int, reserve: int = DEFAULT_FD_RESERVE) -> int:
+    """The inbound connection bound: ``configured``, or the fd limit minus a reserve (at most 4,096).
+
+    The reserve keeps descriptors for the backend connection pools, configuration and certificate
+    files and the listeners; with a small fd limit at most half of it goes to the reserve.
+    """
+    if configured > 0:
+        return configured
+    return max(1, min(MAX_DERIVED_CONNECTIONS, nofile - min(reserve, nofile // 2)))
+
+
+class InboundEvents(Protocol):
+    """Where connection events are counted (``Observability`` implements it)."""
+
+    def connection_closed(self, reason: str) -> None: ...
+
+    def connection_rejected(self, reason: str) -> None: ...
+
+    def h2_goaway(self, reason: str) -> None: ...
+
+
+class NullEvents:
+    def connection_closed(self, reason: str) -> None:
+        pass
+
+    def connection_rejected(self, reason: str) -> None:
+        pass
+
+    def h2_goaway(self, reason: str) -> None:
+        pass
+
+
+class Connection(Protocol):
+    """What the runtime needs from one open connection (``hypercorn_fixes.GatewayTCPServer``)."""
+
+    def poke(self) -> None: ...
+
+
+@dataclass(eq=False)
+class InboundRuntime:
+    """The state one listener's connections share: limits, open connections, draining, events."""
+
+    limits: InboundLimits = field(default_factory=InboundLimits)
+    events: InboundEvents = field(default_factory=NullEvents)
+    max_connections: int = 1 << 20
+    draining: bool = False
+    terminating: bool = False
+    connections: set[Any] = field(default_factory=set)
+    _accept_log_at: float = -math.inf
+
+    @property
+    def open_connections(self) -> int:
+        return len(self.connections)
+
+    def admit(self) -> bool:
+        """True if one more connection may open; otherwise it is counted as rejected."""
+        if len(self.connections) < self.max_connections:
+            return True
+        self.events.connection_rejected("limit")
+        return False
+
+    def start_draining(self) -> None:
+        """Keep serving, but tell callers to move away (Connection: close / GOAWAY)."""
+        self.draining = True
+        for connection in list(self.connections):
+            connection.poke()
+
+    def terminate(self) -> None:
+        """Stop: idle connections close at once, busy ones once their requests are answered."""
+        self.draining = self.terminating = True
+        for connection in list(self.connections):
+            connection.poke()
+
+    def accept_failed(self, exc: OSError, *, now: Callable[[], float] = time.monotonic) -> None:
+        """accept() ran out of descriptors or memory: count it; log at most once every 10 s."""
+        self.events.connection_rejected("accept_error")
+        t = now()
+        if t - self._accept_log_at >= 10.0:
+            self._accept_log_at = t
+            log.error(
+                "accepting connections failed; backing off (existing connections are still served)",
+                error=exc.strerror or str(exc),
+                open_connections=len(self.connections),
+            )
+
+
+class ControlFrameBudget:
+    """Counts the HTTP/2 frames a client sends that cost the server work but carry no request data.
+
+    SETTINGS, PING, RST_STREAM, WINDOW_UPDATE, PRIORITY, CONTINUATION, empty DATA without
+    END_STREAM and frames of unknown types each take one token from a bucket of ``burst`` tokens
+    refilled at ``rate`` per second; a SETTINGS frame with more than ``max_settings`` entries is over
+    budget by itself. The scanner reads only the 9-byte frame headers of the raw byte stream (after
+    the 24-byte connection preface), so it costs almost nothing for ordinary traffic.
+    """
+
+    __slots__ = ("_at", "_header", "_max_settings", "_preface", "_rate", "_skip", "_tokens", "burst")
+
+    # Frame types (RFC 9113 §6).
+    _DATA, _HEADERS, _PRIORITY, _RST, _SETTINGS, _PUSH, _PING, _GOAWAY, _WINDOW, _CONT = range(10)
+
+    def __init__(self, burst: int, rate: float, max_settings: int, *, now: float = 0.0) -> None:
+        self.burst = burst
+        self._rate = rate
+        self._max_settings = max_settings
+        self._tokens = float(burst)
+        self._at = now
+        self._preface = 24
+        self._header = b""
+        self._skip = 0
+
+    def feed(self, data: bytes, now: float) -> bool:
+        """Account for ``data`` received at ``now``; False once the client is over budget."""
+        pos, end = 0, len(data)
+        if self._preface:
+            taken = min(self._preface, end)
+            self._preface -= taken
+            pos = taken
+        cost = 0
+        while pos < end:
+            if self._skip:
+                step = min(self._skip, end - pos)
+                self._skip -= step
+                pos += step
+                continue
+            need = 9 - len(self._header)
+            chunk = data[pos : pos + need]
+            pos += len(chunk)
+            if len(chunk) < need:
+                self._header += chunk
+                break
+            header = self._header + chunk if self._header else chunk
+            self._header = b""
+            length = int.from_bytes(header[0:3], "big")
+            kind, flags = header[3], header[4]
+            self._skip = length
+            if kind in (self._HEADERS, self._GOAWAY):
+                continue
+            if kind == self._DATA:
+                if length == 0 and not flags & 0x1:
+                    cost += 1
+                continue
+            if kind == self._SETTINGS and length // 6 > self._max_settings:
+                return False
+            cost += 1
+        if cost:
+            self._tokens = min(self.burst, self._tokens + (now - self._at) * self._rate) - cost
+            self._at = now
+            if self._tokens < 0:
+                return False
+        return True

@@ -1,0 +1,123 @@
+"""The accept loop in front of hypercorn's per-connection servers (``hypercorn_fixes.GatewayTCPServer``).
+
+hypercorn's ``worker_serve`` accepts with ``trio.serve_listeners``, which logs every failed
+``accept`` with a traceback and knows no connection bound, and it captures one SSLContext for the
+listener's lifetime. This loop, a few lines of glue around hypercorn's own classes:
+
+- refuses a connection beyond ``InboundRuntime.max_connections`` at once (counted);
+- on EMFILE/ENFILE/ENOMEM/ENOBUFS backs off (10 ms doubling to 1 s) with one rate-limited log
+  line and no traceback, while the connections it has keep being served;
+- wraps each accepted socket in TLS with the *current* context of ``tls_context()``, so a rotated
+  certificate is used by the next handshake and a broken one never is (serve.ReloadableTLS).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import socket as stdlib_socket
+import ssl
+import struct
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+from hypercorn.app_wrappers import ASGIWrapper
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import ConnectionState
+from hypercorn.utils import repr_socket_addr
+
+from gateway.server.hypercorn_fixes import GatewayTCPServer, runtime_of
+from gateway.server.limits import ACCEPT_CAPACITY_ERRNOS, InboundRuntime
+
+# A connection that went away between the kernel's accept queue and accept(): not our problem.
+_ACCEPT_IGNORED = frozenset(
+    e for e in (errno.ECONNABORTED, errno.EPROTO, errno.EPERM, getattr(errno, "ENOSR", None)) if e is not None
+)
+
+
+async def serve_inbound(
+    app: Any,
+    config: HypercornConfig,
+    *,
+    tls_context: Callable[[], ssl.SSLContext] | None,
+    shutdown_trigger: Callable[[], Awaitable[Any]],
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``app`` on ``config.bind`` until ``shutdown_trigger`` returns, then terminate.
+
+    Terminating stops accepting, closes idle connections at once and lets busy ones close after
+    their last answer; the caller bounds how long that may take (it cancels this task).
+    """
+    runtime = runtime_of(config)
+    context = WorkerContext(None)
+    wrapped = ASGIWrapper(app)
+    state = ConnectionState({})
+    sockets = config.create_sockets()
+    listening = [*sockets.secure_sockets, *sockets.insecure_sockets]
+    for sock in listening:
+        sock.listen(config.backlog)
+    scheme = "https" if tls_context is not None else "http"
+    urls = [f"{scheme}://{repr_socket_addr(s.family, s.getsockname())}" for s in listening]
+
+    def connection(stream: Any) -> GatewayTCPServer:
+        return GatewayTCPServer(wrapped, config, context, state, stream)
+
+    async with trio.open_nursery() as handlers:
+        async with trio.open_nursery() as acceptors:
+            for sock in listening:
+                acceptors.start_soon(
+                    _accept_loop,
+                    trio.socket.from_stdlib_socket(sock),
+                    handlers,
+                    connection,
+                    tls_context,
+                    runtime,
+                )
+            task_status.started(urls)
+            await shutdown_trigger()
+            acceptors.cancel_scope.cancel()
+        for sock in listening:
+            sock.close()
+        await context.terminated.set()
+        runtime.terminate()
+
+
+async def _accept_loop(
+    listener: trio.socket.SocketType,
+    handlers: trio.Nursery,
+    connection: Callable[[Any], GatewayTCPServer],
+    tls_context: Callable[[], ssl.SSLContext] | None,
+    runtime: InboundRuntime,
+) -> None:
+    backoff = 0.0
+    while True:
+        try:
+            sock, _ = await listener.accept()
+        except OSError as exc:
+            if exc.errno in ACCEPT_CAPACITY_ERRNOS:
+                runtime.accept_failed(exc)
+                backoff = min(1.0, backoff * 2 or 0.01)
+                await trio.sleep(backoff)
+                continue
+            if exc.errno in _ACCEPT_IGNORED:
+                continue
+            raise
+        backoff = 0.0
+        if not runtime.admit():
+            _refuse(sock)
+            continue
+        stream: Any = trio.SocketStream(sock)
+        if tls_context is not None:
+            stream = trio.SSLStream(stream, tls_context(), server_side=True, https_compatible=True)
+        server = connection(stream)
+        runtime.connections.add(server)  # counted from accept, not from when its task first runs
+        handlers.start_soon(server.run)
+
+
+def _refuse(sock: trio.socket.SocketType) -> None:
+    """Close at once with a reset, so that the refused connection costs no TIME_WAIT here."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()

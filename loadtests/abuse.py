@@ -1,0 +1,373 @@
+"""``python -m loadtests.abuse <attack>``: an attack beside well-behaved load, against a real gateway.
+
+Starts one backend (a separate process) and the gateway (``python -m gateway``, plaintext, so that
+HTTP/2 attacks can use prior knowledge), then measures well-behaved reviews (closed loop, HTTP/1.1
+keep-alive, every answer verified as allowed) in three phases of ``--duration`` seconds each:
+
+- ``before``: well-behaved load alone;
+- ``during``: the same load while the attack runs;
+- ``after``: the attack stopped, the same load again.
+
+For each phase it reports the well-behaved p50/p99 and errors, and the gateway's open file
+descriptors and RSS at the end of the phase (``during``: the highest seen). Attacks:
+
+- ``slowloris``: many connections sending a request head one byte every 0.5 s;
+- ``churn``: connections opened, used for one review or none, and closed, as fast as possible;
+- ``h2-zero-window``: HTTP/2 connections with SETTINGS_INITIAL_WINDOW_SIZE=0 sending reviews and never
+  a WINDOW_UPDATE;
+- ``h2-settings-flood``: HTTP/2 connections sending large SETTINGS frames without reading the ACKs.
+
+docs/performance.md shows a run's table (docs/inbound.md explains the limits that hold the line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import struct
+import sys
+import tempfile
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+
+import trio
+
+from loadtests import processes
+from loadtests.client import ConnectionLostError, Endpoint, Http1Connection
+from loadtests.scenarios import build, write_configs
+from loadtests.stats import percentile
+
+ATTACKS = {
+    "slowloris": "connections sending a request head one byte every 0.5 s",
+    "churn": "connections opened, used once or not at all, and closed, back to back",
+    "h2-zero-window": "HTTP/2 reviews whose replies the client never lets through (window 0)",
+    "h2-settings-flood": "HTTP/2 connections sending large SETTINGS frames, never reading the ACKs",
+}
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+
+def _frame(kind: int, flags: int = 0, stream: int = 0, payload: bytes = b"") -> bytes:
+    return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
+
+
+@dataclass
+class Phase:
+    name: str
+    ok: int
+    errors: int
+    p50_ms: float
+    p99_ms: float
+    fds: int
+    rss_mb: float
+    inbound: int = -1  # the gateway's open inbound connections (its /metrics) at the end of the phase
+    backend: int = -1  # its open backend connections
+
+
+def _review(uid: str) -> bytes:
+    return json.dumps(
+        {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": uid,
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+                "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+                "name": "web-1",
+                "namespace": "shop",
+                "operation": "CREATE",
+                "userInfo": {"username": "loadtest"},
+                "object": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": "web-1", "namespace": "shop", "labels": {"app": "web"}},
+                    "spec": {"containers": [{"name": "app", "image": "registry.example.com/web:1"}]},
+                },
+                "dryRun": False,
+            },
+        }
+    ).encode()
+
+
+def _fds(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return -1
+
+
+def _rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return -1.0
+
+
+async def _connections(endpoint: Endpoint) -> tuple[int, int]:
+    """(open inbound, open backend) connections, from the gateway's /metrics."""
+    inbound = backend = 0
+    try:
+        conn = await Http1Connection.open(endpoint)
+        try:
+            with trio.fail_after(5):
+                _, body = await conn.request(b"/metrics", b"", method=b"GET")
+        finally:
+            await conn.aclose()
+    except (OSError, ConnectionLostError, trio.TooSlowError):
+        return -1, -1
+    for line in body.decode().splitlines():
+        if line.startswith("webhook_gateway_inbound_open_connections "):
+            inbound = int(float(line.split()[-1])) - 1  # not counting this scrape
+        elif line.startswith("webhook_gateway_backend_open_connections{"):
+            backend += int(float(line.split()[-1]))
+    return inbound, backend
+
+
+async def _well_behaved(endpoint: Endpoint, clients: int, seconds: float) -> tuple[list[float], int]:
+    """Closed-loop reviews on keep-alive connections; latencies of the allowed answers, and errors."""
+    latencies: list[float] = []
+    errors = 0
+
+    async def client() -> None:
+        nonlocal errors
+        conn: Http1Connection | None = None
+        end = trio.current_time() + seconds
+        while trio.current_time() < end:
+            uid = str(uuid.uuid4())
+            started = trio.current_time()
+            try:
+                if conn is None:
+                    conn = await Http1Connection.open(endpoint)
+                with trio.fail_after(10):
+                    status, body = await conn.request(b"/validate?timeout=10s", _review(uid))
+            except (OSError, ConnectionLostError, trio.TooSlowError, trio.BrokenResourceError):
+                errors += 1
+                conn = None
+                await trio.sleep(0.05)
+                continue
+            if status == 200 and b'"allowed":true' in body and uid.encode() in body:
+                latencies.append(trio.current_time() - started)
+            else:
+                errors += 1
+        if conn is not None:
+            await conn.aclose()
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(clients):
+            nursery.start_soon(client)
+    return latencies, errors
+
+
+# --- attacks --------------------------------------------------------------------------------------------
+
+
+async def _forever(endpoint: Endpoint, one: Callable[[trio.SocketStream], Awaitable[None]]) -> None:
+    """Run ``one`` on a fresh connection again and again (the gateway closing it is expected)."""
+    while True:
+        try:
+            stream = await trio.open_tcp_stream(endpoint.host, endpoint.port)
+        except OSError:
+            await trio.sleep(0.05)
+            continue
+        try:
+            await one(stream)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        finally:
+            await trio.aclose_forcefully(stream)
+
+
+async def _slowloris(stream: trio.SocketStream) -> None:
+    head = b"POST /validate HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\nx-pad: " + b"a" * 4000
+    for i in range(len(head)):
+        await stream.send_all(head[i : i + 1])
+        await trio.sleep(0.5)
+
+
+async def _churn(stream: trio.SocketStream) -> None:
+    if uuid.uuid4().int % 2:
+        body = _review(str(uuid.uuid4()))
+        await stream.send_all(
+            b"POST /validate HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
+            + f"content-length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        with trio.move_on_after(5):
+            await stream.receive_some(65536)
+
+
+async def _h2_zero_window(stream: trio.SocketStream) -> None:
+    import h2.config
+    import h2.connection
+    import h2.settings
+
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+    for _ in range(50):
+        sid = conn.get_next_available_stream_id()
+        conn.send_headers(
+            sid,
+            [
+                (":method", "POST"),
+                (":scheme", "http"),
+                (":authority", "gw"),
+                (":path", "/validate?timeout=10s"),
+            ],
+        )
+        conn.send_data(sid, _review(str(uuid.uuid4())), end_stream=True)
+    await stream.send_all(conn.data_to_send())
+    while await stream.receive_some(65536):  # never acknowledges anything
+        pass
+
+
+async def _h2_settings_flood(stream: trio.SocketStream) -> None:
+    entries = b"".join(struct.pack(">HI", 4, 65535) for _ in range(2730))
+    await stream.send_all(PREFACE + _frame(4))
+    while True:  # never reads: the ACKs pile up on the gateway's side
+        await stream.send_all(_frame(4, payload=entries))
+
+
+_ATTACK_FUNCS: dict[str, Callable[[trio.SocketStream], Awaitable[None]]] = {
+    "slowloris": _slowloris,
+    "churn": _churn,
+    "h2-zero-window": _h2_zero_window,
+    "h2-settings-flood": _h2_settings_flood,
+}
+_ATTACK_CONNECTIONS = {"slowloris": 300, "churn": 8, "h2-zero-window": 20, "h2-settings-flood": 4}
+
+
+# --- the run --------------------------------------------------------------------------------------------
+
+
+async def run(
+    attack: str, *, seconds: float, clients: int, attackers: int | None, gateway_args: list[str]
+) -> list[Phase]:
+    with tempfile.TemporaryDirectory(prefix="abuse-") as tmp:
+        directory = Path(tmp)
+        with processes.managed(processes.spawn_fleet(1, None)) as fleet:
+            port = (await processes.fleet_ports(fleet))[0]
+            scenario = build("passthrough")
+            urls = {b.name: f"http://127.0.0.1:{port}/allow" for b in scenario.backends}
+            write_configs(scenario, urls, None, directory / "config")
+            gw_port = processes.free_port()
+            args = ["--log-level", "warning", "--no-review-log", *gateway_args]
+            gateway = processes.spawn_gateway(
+                directory / "config", gw_port, None, directory / "gateway.log", args
+            )
+            with processes.managed(gateway) as proc:
+                endpoint, _ = Endpoint.parse(f"http://127.0.0.1:{gw_port}/", None)
+                await processes.wait_ready(endpoint, proc)
+                pid = proc.pid
+                phases: list[Phase] = []
+
+                async def phase(name: str) -> None:
+                    latencies, errors = await _well_behaved(endpoint, clients, seconds)
+                    latencies.sort()
+                    await trio.sleep(0.5)  # the well-behaved clients' own closes are noticed
+                    inbound, backend = await _connections(endpoint)
+                    phases.append(
+                        Phase(
+                            name,
+                            len(latencies),
+                            errors,
+                            percentile(latencies, 50) * 1000,
+                            percentile(latencies, 99) * 1000,
+                            _fds(pid),
+                            _rss_mb(pid),
+                            inbound,
+                            backend,
+                        )
+                    )
+
+                await phase("before")
+                peak: dict[str, float] = {"fds": 0, "rss": 0.0}
+                async with trio.open_nursery() as nursery:
+                    for _ in range(attackers or _ATTACK_CONNECTIONS[attack]):
+                        nursery.start_soon(_forever, endpoint, _ATTACK_FUNCS[attack])
+
+                    async def sample() -> None:
+                        while True:
+                            peak["fds"] = max(peak["fds"], _fds(pid))
+                            peak["rss"] = max(peak["rss"], _rss_mb(pid))
+                            await trio.sleep(0.1)
+
+                    nursery.start_soon(sample)
+                    await trio.sleep(min(1.0, seconds / 2))  # the attack is established
+                    await phase("during")
+                    nursery.cancel_scope.cancel()
+                phases[-1].fds, phases[-1].rss_mb = int(peak["fds"]), peak["rss"]
+                await trio.sleep(1.5)  # the gateway notices the attackers are gone
+                await phase("after")
+                if proc.poll() is not None:
+                    raise RuntimeError(f"the gateway exited with {proc.returncode} during the run")
+                return phases
+
+
+def table(attack: str, phases: list[Phase]) -> str:
+    rows = [
+        f"| {attack} | {p.name} | {p.ok} | {p.errors} | {p.p50_ms:.1f} | {p.p99_ms:.1f} "
+        f"| {p.fds} | {p.rss_mb:.0f} | {p.inbound} | {p.backend} |"
+        for p in phases
+    ]
+    return "\n".join(rows)
+
+
+HEADER = (
+    "| attack | phase | well-behaved ok | errors | p50 ms | p99 ms | gateway fds | gateway RSS MB "
+    "| inbound conns | backend conns |\n"
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m loadtests.abuse",
+        description="Run an attack beside well-behaved load; report the well-behaved latency and the "
+        "gateway's fds/RSS before, during and after.",
+        epilog="attacks:\n" + "\n".join(f"  {k:<18} {v}" for k, v in ATTACKS.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("attack", nargs="+", choices=sorted(ATTACKS))
+    p.add_argument("--duration", type=float, default=5.0, help="seconds per phase (default 5)")
+    p.add_argument("--clients", type=int, default=4, help="well-behaved closed-loop clients (default 4)")
+    p.add_argument("--attackers", type=int, help="attacking connections (default: per attack)")
+    p.add_argument("--quick", action="store_true", help="1 s phases, few attackers; exit 1 on errors")
+    p.add_argument("--json", type=Path, help="also write the phases as JSON here")
+    p.add_argument("--gateway-arg", action="append", default=[], help="extra gateway option (repeatable)")
+    opts = p.parse_args(argv)
+    seconds = 1.0 if opts.quick else opts.duration
+    attackers = opts.attackers or (4 if opts.quick else None)
+    results: dict[str, list[Phase]] = {}
+    print(HEADER)
+    failed = False
+    for attack in opts.attack:
+        phases = trio.run(
+            partial(
+                run,
+                attack,
+                seconds=seconds,
+                clients=opts.clients,
+                attackers=attackers,
+                gateway_args=opts.gateway_arg,
+            )
+        )
+        results[attack] = phases
+        print(table(attack, phases), flush=True)
+        failed |= any(ph.errors or not ph.ok for ph in phases)
+    if opts.json:
+        opts.json.write_text(json.dumps({k: [asdict(ph) for ph in v] for k, v in results.items()}, indent=2))
+    return 1 if failed and opts.quick else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""Helpers for driving the gateway's inbound side with raw bytes and scripted HTTP/2 frames."""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import h2.config
+import h2.connection
+import h2.events
+import trio
+
+from gateway.cli import parse
+from gateway.observability import Observability
+from gateway.observability.metrics import Metrics
+from gateway.server.serve import Running, serve
+from tests.support.gateway import hook, review, write_config
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
+ENHANCE_YOUR_CALM = 0xB
+
+
+def frame(kind: int, flags: int = 0, stream: int = 0, payload: bytes = b"") -> bytes:
+    """One raw HTTP/2 frame."""
+    return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
+
+
+def settings(*entries: tuple[int, int]) -> bytes:
+    return frame(SETTINGS, payload=b"".join(struct.pack(">HI", k, v) for k, v in entries))
+
+
+@dataclass
+class Gateway:
+    running: Running
+    metrics: Metrics
+    port: int
+    backend_hits: list[str] = field(default_factory=list)
+
+    def counter(self, family: str, *labels: str) -> float:
+        value: float = getattr(self.metrics, family).labels(*labels).value
+        return value
+
+    @property
+    def in_flight(self) -> float:
+        return self.counter("reviews_in_flight", "validating")
+
+    @property
+    def open_connections(self) -> int:
+        source = self.metrics.inbound_source
+        return source() if source is not None else -1
+
+
+async def start(nursery: trio.Nursery, tmp_path: Path, backend_url: str, *args: str) -> Gateway:
+    """The real gateway in-process, with metrics, one validating backend at ``backend_url``."""
+    config = tmp_path / "config"
+    write_config(config, validating={"v": [hook("v.example.com", backend_url, timeoutSeconds=30)]})
+    options = parse(["--config", str(config), "--bind", "127.0.0.1:0", "--drain-seconds", "0", *args]).options
+    observer = Observability(metrics=True, review_log=False)
+    running: Running = await nursery.start(
+        lambda task_status: serve(options, observer=observer, handle_signals=False, task_status=task_status)
+    )
+    assert observer.prometheus is not None
+    return Gateway(running, observer.prometheus, int(running.urls[0].rsplit(":", 1)[1]))
+
+
+def review_request(path: str = "/validate?timeout=20s", *, body: bytes | None = None) -> bytes:
+    """A complete HTTP/1.1 review request."""
+    body = json.dumps(review()).encode() if body is None else body
+    return (
+        f"POST {path} HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+async def read_response(stream: trio.SocketStream) -> bytes:
+    """Bytes until one complete HTTP/1.1 response with Content-Length has arrived (or EOF)."""
+    data = b""
+    while True:
+        head, sep, rest = data.partition(b"\r\n\r\n")
+        if sep:
+            length = 0
+            for line in head.split(b"\r\n")[1:]:
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            if len(rest) >= length:
+                return data
+        chunk = await stream.receive_some(65536)
+        if not chunk:
+            return data
+        data += chunk
+
+
+async def closed_by_peer(stream: trio.SocketStream, within: float) -> bool:
+    """True if the server closes (EOF or reset) within ``within`` seconds; bytes are discarded."""
+    with trio.move_on_after(within):
+        try:
+            while await stream.receive_some(65536):
+                pass
+        except trio.BrokenResourceError:
+            pass
+        return True
+    return False
+
+
+def held_sockets(port: int) -> int:
+    """Server-side sockets on ``port`` still holding a descriptor: ESTABLISHED or CLOSE-WAIT."""
+    return _sockets(port, ("01", "08"))
+
+
+def close_wait_sockets(port: int) -> int:
+    """Sockets of this machine in CLOSE-WAIT whose local port is ``port`` (from /proc/net/tcp*)."""
+    return _sockets(port, ("08",))
+
+
+def _sockets(port: int, states: tuple[str, ...]) -> int:
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            local, state = fields[1], fields[3]
+            if int(local.rsplit(":", 1)[1], 16) == port and state in states:
+                count += 1
+    return count
+
+
+class H2Client:
+    """A scripted HTTP/2 client over a raw socket (h2c prior knowledge)."""
+
+    def __init__(self, stream: trio.SocketStream, conn: h2.connection.H2Connection) -> None:
+        self.stream = stream
+        self.conn = conn
+        self.events: list[Any] = []
+
+    @classmethod
+    async def open(cls, port: int, **local_settings: int) -> H2Client:
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+        conn.initiate_connection()
+        if local_settings:
+            conn.update_settings({getattr(h2.settings.SettingCodes, k): v for k, v in local_settings.items()})
+        await stream.send_all(conn.data_to_send())
+        return cls(stream, conn)
+
+    def headers(
+        self, path: str = "/validate?timeout=20s", *, method: str = "POST"
+    ) -> list[tuple[bytes, bytes]]:
+        return [
+            (b":method", method.encode()),
+            (b":scheme", b"http"),
+            (b":authority", b"gw"),
+            (b":path", path.encode()),
+            (b"content-type", b"application/json"),
+        ]
+
+    async def post(self, body: bytes | None = None, path: str = "/validate?timeout=20s") -> int:
+        """Send one review on a new stream (without waiting for the answer); its stream id."""
+        sid: int = self.conn.get_next_available_stream_id()
+        body = json.dumps(review()).encode() if body is None else body
+        self.conn.send_headers(sid, self.headers(path))
+        self.conn.send_data(sid, body, end_stream=True)
+        await self.flush()
+        return sid
+
+    async def flush(self) -> None:
+        out = self.conn.data_to_send()
+        if out:
+            await self.stream.send_all(out)
+
+    async def receive(self, *, ack: bool = True) -> bool:
+        """Read once and record the events; False at EOF."""
+        try:
+            data = await self.stream.receive_some(65536)
+        except trio.BrokenResourceError:
+            data = b""
+        if not data:
+            return False
+        try:
+            events = self.conn.receive_data(data)
+        except h2.exceptions.ProtocolError:
+            return False
+        for event in events:
+            self.events.append(event)
+            if ack and isinstance(event, h2.events.DataReceived):
+                self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+        if ack:
+            await self.flush()
+        return True
+
+    async def until(self, kind: type, *, stream_id: int | None = None, ack: bool = True) -> Any:
+        """Read until an event of ``kind`` (for ``stream_id``) arrives; None at EOF."""
+        while True:
+            for event in self.events:
+                if isinstance(event, kind) and (stream_id is None or event.stream_id == stream_id):
+                    return event
+            if not await self.receive(ack=ack):
+                return None
+
+
+async def raw_goaway(stream: trio.SocketStream, within: float = 5.0) -> int | None:
+    """Read raw frames until GOAWAY; its error code (None at EOF or timeout)."""
+    buffer = b""
+    with trio.move_on_after(within):
+        while True:
+            while len(buffer) >= 9:
+                length = int.from_bytes(buffer[:3], "big")
+                if len(buffer) < 9 + length:
+                    break
+                kind, payload = buffer[3], buffer[9 : 9 + length]
+                buffer = buffer[9 + length :]
+                if kind == GOAWAY:
+                    return int.from_bytes(payload[4:8], "big")
+            try:
+                chunk = await stream.receive_some(65536)
+            except trio.BrokenResourceError:
+                return None
+            if not chunk:
+                return None
+            buffer += chunk
+    return None
