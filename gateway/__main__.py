@@ -1,77 +1,10 @@
-"""``webhook-gateway`` / ``python -m gateway``: the only reader of argv and the environment.
-
-Configures logging once, then runs ``serve`` (default), ``check`` or ``demo``.
-"""
+"""``webhook-gateway`` / ``python -m gateway``: the only reader of argv (``gateway.cli`` dispatches)."""
 
 from __future__ import annotations
 
 import sys
-from argparse import Namespace
-from collections.abc import Sequence
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    from gateway.cli import parse
-
-    invocation = parse(sys.argv[1:] if argv is None else argv)
-    if invocation.command == "check":
-        return check(invocation.options)
-    if invocation.command == "demo":
-        from gateway.demo import run_demo
-
-        return run_demo(invocation.options)
-    return serve(invocation.options)
-
-
-def check(options: Namespace) -> int:
-    """Validate a configuration directory: print every problem, exit 1 on errors."""
-    from gateway.config.load import load_directory
-    from gateway.errors import ConfigError
-
-    where = options.config
-    try:
-        snapshot = load_directory(where, strict_https=options.strict_https)
-    except ConfigError as exc:
-        for problem in exc.problems:
-            print(f"{problem.severity}: {problem}", file=sys.stderr)
-        print(f"{where}: {len(exc.errors)} error(s); configuration refused", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"{where}: {exc}", file=sys.stderr)
-        return 1
-    for problem in snapshot.warnings:
-        print(f"warning: {problem}", file=sys.stderr)
-    print(
-        f"{where}: OK: {len(snapshot.validating)} validating and {len(snapshot.mutating)} mutating webhooks, "
-        f"{len(snapshot.namespaces)} namespaces, {len(snapshot.warnings)} warning(s)"
-    )
-    return 1 if snapshot.warnings and options.warnings_as_errors else 0
-
-
-def serve(options: Namespace) -> int:
-    """Run the gateway until SIGTERM/SIGINT; exit 2 if the configuration is refused at start-up."""
-    from functools import partial
-
-    import trio
-
-    from gateway.errors import ConfigError
-    from gateway.observability import Observability, configure_logging
-    from gateway.server.serve import serve as run_server
-
-    configure_logging(options.log_level, options.log_format)
-    observer = Observability(
-        metrics=not options.no_metrics,
-        review_log=not options.no_review_log,
-        log_bodies=options.log_bodies,
-    )
-    try:
-        trio.run(partial(run_server, options, observer=observer))
-    except ConfigError:
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    return 0
-
+from gateway.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,221 +1,68 @@
-"""Command-line options: every option also comes from an environment variable.
+"""The command line: ``webhook-gateway [COMMAND] [OPTIONS]`` — parse, then hand over to one command.
 
-``webhook-gateway [serve] --config DIR --bind HOST:PORT ...`` serves; ``check`` validates a
-configuration directory; ``demo`` runs the bundled end-to-end demonstration. The environment
-variable of ``--some-option`` is ``WEBHOOK_GATEWAY_SOME_OPTION``; a flag given on the command line wins.
+Each subcommand lives in ``gateway.commands.<name>`` with ``SUMMARY``, ``build_parser(prog)``,
+``settings(namespace)`` (a typed, frozen value) and ``run(settings) -> exit code``. Without a command,
+``serve`` runs. Every option may also come from ``WEBHOOK_GATEWAY_<OPTION>`` (the command line wins).
 """
 
 from __future__ import annotations
 
-import argparse
-import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib import import_module
+from types import ModuleType
 from typing import Any
 
-ENV_PREFIX = "WEBHOOK_GATEWAY_"
+from gateway import __version__
+from gateway.commands.options import PROG, env_name
+
 COMMANDS = ("serve", "check", "demo")
 
-
-def _env_name(option: str) -> str:
-    return ENV_PREFIX + option.lstrip("-").replace("-", "_").upper()
+__all__ = ["COMMANDS", "Invocation", "env_name", "main", "parse"]
 
 
-def _add_option(
-    target: argparse.ArgumentParser | argparse._ArgumentGroup, flag: str, *, help: str, **kwargs: Any
-) -> None:
-    """Add ``flag``; its default comes from its WEBHOOK_GATEWAY_* variable when that is set."""
-    env = _env_name(flag)
-    kind = kwargs.get("action")
-    if env in os.environ:
-        raw = os.environ[env]
-        if kind == "store_true":
-            kwargs["default"] = raw.strip().lower() in ("1", "true", "yes", "on")
-        else:
-            kwargs["default"] = kwargs.get("type", str)(raw)
-        kwargs.pop("required", None)
-    default = kwargs.get("default")
-    shown = "" if default in (None, False) or kind == "store_true" else f" (default: {default})"
-    target.add_argument(flag, help=f"{help}{shown} [env: {env}]", **kwargs)
+def _command(name: str) -> ModuleType:
+    return import_module(f"gateway.commands.{name}")
 
 
-class _EnvDefaults(argparse.ArgumentParser):
-    """An ArgumentParser whose option defaults come from WEBHOOK_GATEWAY_* variables."""
-
-    def add_option(self, flag: str, *, help: str, **kwargs: Any) -> None:
-        _add_option(self, flag, help=help, **kwargs)
+def usage(prog: str = PROG) -> str:
+    return f"{prog} [{'|'.join(COMMANDS)}] [OPTIONS]   ({prog} COMMAND --help for a command's options)"
 
 
-def _serve_parser(prog: str) -> _EnvDefaults:
-    p = _EnvDefaults(
-        prog=prog,
-        description="Serve /validate and /mutate in front of the backend webhooks configured in --config.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Subcommands: `check --config DIR` validates a configuration directory; `demo` runs the "
-        "bundled end-to-end demonstration.",
-    )
-    g = p.add_argument_group("serving")
-    _add_option(
-        g,
-        "--config",
-        help="directory of Validating/MutatingWebhookConfiguration and Namespace files",
-        default="config/webhooks",
-    )
-    _add_option(g, "--bind", help="HOST:PORT to serve HTTP/1.1 and HTTP/2 on", default="127.0.0.1:8443")
-    _add_option(
-        g, "--certfile", help="serving certificate (PEM); with --keyfile enables TLS (ALPN h2, http/1.1)"
-    )
-    _add_option(g, "--keyfile", help="serving private key (PEM)")
-    _add_option(
-        g, "--client-ca", help="CA bundle (PEM): require and verify client certificates (the apiserver)"
-    )
-    _add_option(g, "--metrics-bind", help="serve /metrics (and /healthz) on a separate plaintext HOST:PORT")
-    _add_option(g, "--validate-path", help="path of the validating endpoint", default="/validate")
-    _add_option(g, "--mutate-path", help="path of the mutating endpoint", default="/mutate")
-    _add_option(
-        g,
-        "--max-request-bytes",
-        help="largest accepted review body (HTTP 413 above)",
-        type=int,
-        default=32 * 1024 * 1024,
-    )
-    _add_option(
-        g,
-        "--drain-seconds",
-        help="after SIGTERM: keep serving (readyz 503) this long before closing",
-        type=float,
-        default=5.0,
-    )
-    _add_option(
-        g,
-        "--shutdown-timeout",
-        help="then wait at most this long for in-flight reviews",
-        type=float,
-        default=30.0,
-    )
-    _add_option(
-        g,
-        "--config-poll-seconds",
-        help="how often the config directory and TLS files are checked",
-        type=float,
-        default=2.0,
-    )
-
-    d = p.add_argument_group("dispatch")
-    _add_option(
-        d,
-        "--default-timeout",
-        help="budget when the caller sends no ?timeout= (seconds)",
-        type=float,
-        default=10.0,
-    )
-    _add_option(
-        d,
-        "--deadline-margin",
-        help="answer this many seconds before the caller's timeout",
-        type=float,
-        default=0.2,
-    )
-    _add_option(
-        d,
-        "--patch-mode",
-        help="combined patch: concatenation of backend patches, or a computed diff",
-        choices=("concat", "diff"),
-        default="concat",
-    )
-    _add_option(
-        d,
-        "--audit-patches",
-        help="also return patch.round_<r>_index_<i> audit annotations",
-        action="store_true",
-    )
-    _add_option(
-        d,
-        "--include-virtual-resources",
-        action="store_true",
-        help="send token/subject-access reviews to backends too (older apiservers did)",
-    )
-    _add_option(
-        d,
-        "--strict-https",
-        action="store_true",
-        help="refuse http:// backend URLs even on loopback (upstream's rule)",
-    )
-
-    t = p.add_argument_group("backends")
-    _add_option(t, "--backend-kubeconfig", help="kubeconfig-format file with per-host backend credentials")
-    _add_option(
-        t,
-        "--max-backend-response-bytes",
-        help="largest accepted backend reply",
-        type=int,
-        default=16 * 1024 * 1024,
-    )
-    _add_option(
-        t,
-        "--max-connections-per-backend",
-        help="connection pool bound per backend origin",
-        type=int,
-        default=64,
-    )
-
-    n = p.add_argument_group("namespaces")
-    _add_option(
-        n,
-        "--namespace-source",
-        choices=("config", "cluster"),
-        default="config",
-        help="where namespaceSelector labels come from: Namespace objects in --config, or a watch",
-    )
-    _add_option(n, "--kubeconfig", help="kubeconfig for --namespace-source=cluster (default: in-cluster)")
-    _add_option(
-        n,
-        "--unknown-namespace",
-        choices=("notFound", "emptyLabels"),
-        default="notFound",
-        help="file mode: a namespace without a Namespace object is 404, or has no labels",
-    )
-
-    o = p.add_argument_group("observability")
-    _add_option(
-        o, "--log-level", choices=("debug", "info", "warning", "error"), default="info", help="log level"
-    )
-    _add_option(o, "--log-format", choices=("json", "console"), default="json", help="log format")
-    _add_option(o, "--log-bodies", action="store_true", help="debug: include review bodies in logs")
-    _add_option(o, "--no-metrics", action="store_true", help="disable Prometheus metrics")
-    _add_option(o, "--no-review-log", action="store_true", help="disable the per-review canonical log line")
-    return p
+def _epilog(prog: str) -> str:
+    lines = ["commands:"]
+    lines += [f"  {name:<8} {_command(name).SUMMARY}" for name in COMMANDS]
+    lines.append(f"\n{prog} --version prints the version. Every option also reads WEBHOOK_GATEWAY_<OPTION>.")
+    return "\n".join(lines)
 
 
 @dataclass(frozen=True)
 class Invocation:
     command: str
-    options: argparse.Namespace
+    options: Any  # the command's frozen settings (``ServeSettings`` for serve)
 
 
-def parse(argv: Sequence[str], prog: str = "webhook-gateway") -> Invocation:
-    """Parse argv (without the program name) into a command and its options."""
+def parse(argv: Sequence[str], prog: str = PROG) -> Invocation:
+    """Parse argv (without the program name) into a command and its settings."""
     args = list(argv)
     command = "serve"
     if args and args[0] in COMMANDS:
         command = args.pop(0)
-    if command == "check":
-        p = _EnvDefaults(
-            prog=f"{prog} check",
-            description="Validate a configuration directory; exit 1 and print every problem.",
+    module = _command(command)
+    if command == "serve":
+        parser = module.build_parser(
+            prog if not argv or argv[0] != "serve" else f"{prog} serve",
+            usage=usage(prog),
+            epilog=_epilog(prog),
         )
-        p.add_option("--config", help="configuration directory", default="config/webhooks")
-        p.add_option("--strict-https", action="store_true", help="refuse http:// URLs even on loopback")
-        p.add_option("--warnings-as-errors", action="store_true", help="exit 1 on warnings too")
-        return Invocation(command, p.parse_args(args))
-    if command == "demo":
-        p = _EnvDefaults(
-            prog=f"{prog} demo",
-            description="Start sample backends and the gateway, send reviews, print decisions.",
-        )
-        p.add_option("--config", help="demo configuration directory", default="")
-        p.add_option(
-            "--log-format", choices=("json", "console"), default="console", help="gateway log format"
-        )
-        return Invocation(command, p.parse_args(args))
-    return Invocation(command, _serve_parser(prog).parse_args(args))
+    else:
+        parser = module.build_parser(f"{prog} {command}")
+    parser.add_argument("--version", action="version", version=f"{prog} {__version__}")
+    return Invocation(command, module.settings(parser.parse_args(args)))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    invocation = parse(sys.argv[1:] if argv is None else argv)
+    code: int = _command(invocation.command).run(invocation.options)
+    return code

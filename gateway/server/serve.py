@@ -8,11 +8,11 @@ take time to be removed), then stops accepting and lets in-flight reviews finish
 
 from __future__ import annotations
 
+import errno
 import gc
 import logging
 import signal
 import ssl
-from argparse import Namespace
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -28,9 +28,10 @@ from gateway.config.load import load_directory
 from gateway.config.model import Snapshot
 from gateway.dispatch.engine import Dispatcher, DispatchSettings
 from gateway.dispatch.ports import NamespaceNotFoundError
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, ConfigProblem, GatewayError
 from gateway.server import hypercorn_fixes
 from gateway.server.app import GatewayApp, Readiness, ServerSettings
+from gateway.settings import ServeSettings
 
 if TYPE_CHECKING:
     from gateway.observability import Observability
@@ -104,7 +105,7 @@ class Running:
 
 
 async def serve(
-    options: Namespace,
+    options: ServeSettings,
     *,
     observer: Observability | None = None,
     handle_signals: bool = True,
@@ -120,7 +121,10 @@ async def serve(
     strict = bool(options.strict_https)
 
     def load(generation: int) -> Snapshot:
-        return load_directory(options.config, strict_https=strict, generation=generation)
+        snapshot = load_directory(options.config, strict_https=strict, generation=generation)
+        if not options.allow_empty_config and not (snapshot.validating or snapshot.mutating):
+            raise ConfigError([empty_config_problem(options.config)])
+        return snapshot
 
     baseline = fingerprint(Path(options.config))  # taken first, so no change before the watch is missed
     if observer is None:
@@ -135,8 +139,13 @@ async def serve(
     store = ConfigStore(first)
     observer.config_reloaded(ok=True, snapshot=first, problems=list(first.warnings))
 
-    credentials = CredentialStore.load(options.backend_kubeconfig) if options.backend_kubeconfig else None
-    tls = ReloadableTLS(options.certfile, options.keyfile, options.client_ca) if options.certfile else None
+    backend_kubeconfig = options.backend_kubeconfig
+    credentials = CredentialStore.load(backend_kubeconfig) if backend_kubeconfig else None
+    tls = (
+        ReloadableTLS(options.certfile, options.keyfile or options.certfile, options.client_ca)
+        if options.certfile
+        else None
+    )
     readiness = Readiness()
     shutdown_requested = trio.Event()
 
@@ -191,12 +200,12 @@ async def serve(
                 baseline=baseline,
             )
         )
-        if credentials is not None:
+        if credentials is not None and backend_kubeconfig:
             await nursery.start(
                 partial(
                     watch_files,
                     list(credentials.files),
-                    _reload_credentials(caller, options.backend_kubeconfig),
+                    _reload_credentials(caller, backend_kubeconfig),
                     interval=options.config_poll_seconds,
                 )
             )
@@ -253,6 +262,32 @@ async def serve(
     log.info("stopped")
 
 
+def empty_config_problem(directory: str) -> ConfigProblem:
+    """A configuration without webhooks would allow every review: refused unless asked for (B8)."""
+    return ConfigProblem(
+        directory,
+        "no webhook configurations: refusing a configuration that would allow every review "
+        "(start with --allow-empty-config if that is intended)",
+    )
+
+
+class ListenError(GatewayError):
+    """A listener could not be opened (address in use, not available, not permitted)."""
+
+    def __init__(self, address: str, exc: OSError) -> None:
+        self.address = address
+        reason = exc.strerror or str(exc)
+        hint = {
+            errno.EADDRINUSE: "stop the process using it or choose another address",
+            errno.EACCES: "choose a port above 1023 or grant CAP_NET_BIND_SERVICE",
+            errno.EADDRNOTAVAIL: "use an address of this host (or 0.0.0.0)",
+        }.get(exc.errno or 0, "choose another address")
+        super().__init__(f"cannot listen on {address}: {reason.lower()}; {hint}")
+
+
+_LISTEN_ERRORS = (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL)
+
+
 async def _serve_app(
     app: Any,
     cfg: HypercornConfig,
@@ -260,7 +295,12 @@ async def _serve_app(
     *,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    await hypercorn_serve(app, cfg, shutdown_trigger=shutdown_trigger, task_status=task_status)
+    try:
+        await hypercorn_serve(app, cfg, shutdown_trigger=shutdown_trigger, task_status=task_status)
+    except OSError as exc:
+        if exc.errno in _LISTEN_ERRORS:
+            raise ListenError(", ".join(cfg.bind), exc) from None
+        raise
 
 
 def _reload_credentials(caller: Any, path: str) -> Callable[[Sequence[Path]], None]:
@@ -300,7 +340,7 @@ def _needs_namespaces(snapshot: Snapshot) -> bool:
     return any(not h.namespace_selector.is_empty for h in (*snapshot.validating, *snapshot.mutating))
 
 
-async def _namespace_source(nursery: trio.Nursery, options: Namespace, store: Any) -> Any:
+async def _namespace_source(nursery: trio.Nursery, options: ServeSettings, store: Any) -> Any:
     """GW-01: Namespace objects from the config directory, or a list+watch of the cluster's."""
     from gateway.sources.namespaces import ClusterNamespaces, FileNamespaces
 

@@ -1,0 +1,1 @@
+"""The subcommands of ``webhook-gateway``: one module each (``gateway.cli`` dispatches)."""
