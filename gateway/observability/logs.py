@@ -75,6 +75,29 @@ def _raw_as_text(logger: WrappedLogger, method_name: str, event_dict: EventDict)
     return event_dict
 
 
+_to_json = msgspec.json.Encoder(enc_hook=_encode_fallback).encode
+
+
+class _AsJSON:
+    """A value the console renderer shows as JSON text (it quotes strings, and reprs everything else)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, value: object) -> None:
+        self.text = _to_json(value).decode()
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _containers_as_json(logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
+    """Console format: lists and mappings as JSON (``["a"]``), never a Python repr (``['a']``)."""
+    for key, value in event_dict.items():
+        if key != "exc_info" and isinstance(value, list | tuple | dict | set | frozenset):
+            event_dict[key] = _AsJSON(sorted(value) if isinstance(value, set | frozenset) else value)
+    return event_dict
+
+
 def _processors(fmt: LogFormat, *, colors: bool) -> list[Processor]:
     common: list[Processor] = [
         structlog.contextvars.merge_contextvars,
@@ -91,6 +114,7 @@ def _processors(fmt: LogFormat, *, colors: bool) -> list[Processor]:
         *common,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         _raw_as_text,
+        _containers_as_json,
         structlog.dev.ConsoleRenderer(colors=colors),
     ]
 

@@ -13,7 +13,7 @@ import gc
 import logging
 import signal
 import ssl
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -297,10 +297,21 @@ async def _serve_app(
 ) -> None:
     try:
         await hypercorn_serve(app, cfg, shutdown_trigger=shutdown_trigger, task_status=task_status)
-    except OSError as exc:
-        if exc.errno in _LISTEN_ERRORS:
-            raise ListenError(", ".join(cfg.bind), exc) from None
+    except* OSError as group:
+        # hypercorn binds inside nested nurseries: the OSError arrives wrapped in exception groups.
+        _, rest = group.split(lambda e: isinstance(e, OSError) and e.errno in _LISTEN_ERRORS)
+        if rest is None or rest is not group:
+            bind_error = next(_oserrors(group))
+            raise ListenError(", ".join(cfg.bind), bind_error) from None
         raise
+
+
+def _oserrors(exc: BaseException) -> Iterator[OSError]:
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _oserrors(inner)
+    elif isinstance(exc, OSError) and exc.errno in _LISTEN_ERRORS:
+        yield exc
 
 
 def _reload_credentials(caller: Any, path: str) -> Callable[[Sequence[Path]], None]:
