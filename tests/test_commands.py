@@ -230,3 +230,27 @@ def test_console_lines_show_no_python_reprs() -> None:
         structlog.configure(**saved)
     assert 'urls=["http://127.0.0.1:1"]' in text
     assert "['" not in text
+
+
+THIRD_PARTY = REPO / "tests" / "configs" / "thirdparty"
+
+
+@pytest.mark.parametrize(
+    "project", ["istio", "linkerd", "cert-manager", "kyverno", "kubewarden", "gatekeeper"],
+    ids=lambda p: f"MAT-10/GW-05: {p}'s published webhook configuration passes check --warnings-as-errors",
+)  # fmt: skip
+def test_third_party_configurations_pass_the_strict_gate(project: str) -> None:
+    """No false alarm on real-world configurations: Equivalent on resources without equivalents, and
+    mutually exclusive webhooks (istio's four sidecar injectors), do not warn."""
+    got = run_cli("check", "--warnings-as-errors", str(THIRD_PARTY / f"{project}.yaml"))
+    assert got.returncode == 0, got.stderr
+    assert "0 warning(s)" in got.stdout
+
+
+def test_third_party_configurations_together_earn_a_true_warning() -> None:
+    """GW-05, true: installed together, a Pod CREATE meets cert-manager's, gatekeeper's and kyverno's mutating
+    webhooks — 51 s of timeouts for the gateway's 30 s — and the warning names them."""
+    got = run_cli("check", "--warnings-as-errors", str(THIRD_PARTY))
+    assert got.returncode == 1
+    assert "add up to 51s" in got.stderr
+    assert "mutate.kyverno.svc-fail" in got.stderr and "[timeouts-add-up]" in got.stderr
