@@ -173,6 +173,6 @@ async def test_explain_bad_input_is_one_line(
     tmp_path: Path, args: list[str], stdin: str | None, message: str
 ) -> None:
     config = _config(tmp_path / "c")
-    code, out, err = await explain("--config", str(config), *args, stdin=stdin)
+    code, _out, err = await explain("--config", str(config), *args, stdin=stdin)
     assert code == 1
     assert message in err and len(err.strip().splitlines()) == 1

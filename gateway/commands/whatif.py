@@ -23,7 +23,6 @@ from gateway.dispatch.engine import (
 from gateway.dispatch.jsonpatch import apply_patch, decode_patch
 from gateway.dispatch.ports import NamespaceNotFoundError
 from gateway.matching import Call, CallFailure, MatchDecision, Refuse, Skip, decide_all
-from gateway.matching.conditions import evaluate_conditions
 from gateway.matching.namespace import namespace_to_look_up
 from gateway.matching.rules import CompiledRule, is_cluster_scoped
 from gateway.review.inbound import InboundReview, decode_inbound
@@ -37,7 +36,6 @@ __all__ = [
     "Skip",
     "Verdict",
     "apply_patch",
-    "condition_verdicts",
     "decide",
     "decode_patch",
     "decode_review",
@@ -68,19 +66,6 @@ def matching_rule(hook: Webhook, attrs: AdmissionAttributes) -> int | None:
         if CompiledRule(rule).matches(attrs.operation, attrs.resource, attrs.sub_resource, cluster):
             return i
     return None
-
-
-def condition_verdicts(hook: Webhook, review: InboundReview) -> list[tuple[str, str]]:
-    """Each match condition on its own: (name, "true" | "false" | "error: ...")."""
-    verdicts = []
-    inputs = _condition_inputs(review, (hook,))
-    for condition in hook.match_conditions:
-        result = evaluate_conditions((condition,), "Fail", review.attributes, inputs)
-        if result.error is not None:
-            verdicts.append((condition.name, f"error: {result.error}"))
-        else:
-            verdicts.append((condition.name, "true" if result.matches else "false"))
-    return verdicts
 
 
 class _FixedLabels:
