@@ -17,7 +17,7 @@ from typing import Any
 from gateway import __version__
 from gateway.commands.options import PROG, env_name
 
-COMMANDS = ("serve", "check", "demo", "explain")
+COMMANDS = ("serve", "check", "demo", "explain", "audit")
 
 __all__ = ["COMMANDS", "Invocation", "env_name", "main", "parse"]
 
