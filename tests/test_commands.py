@@ -254,3 +254,38 @@ def test_third_party_configurations_together_earn_a_true_warning() -> None:
     assert got.returncode == 1
     assert "add up to 51s" in got.stderr
     assert "mutate.kyverno.svc-fail" in got.stderr and "[timeouts-add-up]" in got.stderr
+
+
+# --- metrics listener -------------------------------------------------------------------------------------
+
+
+async def test_metrics_only_on_the_metrics_listener(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """With --metrics-bind, /metrics is served there (with process_* and build info) and 404 on the
+    review port; without it, the review port serves /metrics."""
+    from tests.support.client import connect
+    from tests.support.gateway import port_of
+
+    write_config(tmp_path, validating=VALID)
+    base = ["--config", str(tmp_path), "--bind", "127.0.0.1:0", "--drain-seconds", "0"]
+    split: Running = await nursery.start(
+        lambda task_status: serve(parse([*base, "--metrics-bind", "127.0.0.1:0"]).options, observer=Observability(),
+                                  handle_signals=False, task_status=task_status)
+    )  # fmt: skip
+    together: Running = await nursery.start(
+        lambda task_status: serve(parse(base).options, observer=Observability(), handle_signals=False,
+                                  task_status=task_status)
+    )  # fmt: skip
+    main = await gateway_client(split)
+    got = await main.post("/metrics", b"", method="GET")
+    assert got is not None and got.status == 404
+    metrics = await connect("127.0.0.1", port_of(split.metrics_urls[0]))
+    got = await metrics.post("/metrics", b"", method="GET")
+    assert got is not None and got.status == 200
+    assert b"process_resident_memory_bytes" in got.body
+    assert (
+        f'webhook_gateway_build_info{{python="{sys.version.split()[0]}",version="{__version__}"}} 1.0'.encode()
+        in got.body
+    )
+    one = await gateway_client(together)
+    got = await one.post("/metrics", b"", method="GET")
+    assert got is not None and got.status == 200 and b"webhook_gateway_build_info" in got.body

@@ -182,6 +182,7 @@ async def serve(
                 max_request_bytes=options.max_request_bytes,
                 default_timeout_seconds=options.default_timeout,
                 deadline_margin_seconds=options.deadline_margin,
+                serve_metrics=not options.metrics_bind,  # /metrics on the metrics listener only
             ),
         )
         observer.watch_pool(pool)
@@ -388,6 +389,11 @@ class _MetricsOnly:
         self.app = app
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/metrics" and scope["method"] in ("GET", "HEAD"):
+            rendered = self.app.observer.metrics()
+            if rendered is not None:
+                await self.app.respond_metrics(send, rendered)
+                return
         if scope["type"] == "http" and scope["path"] not in ("/metrics", "/healthz", "/readyz"):
             body = b"not found\n"
             await send(
