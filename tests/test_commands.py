@@ -289,3 +289,32 @@ async def test_metrics_only_on_the_metrics_listener(nursery: trio.Nursery, tmp_p
     one = await gateway_client(together)
     got = await one.post("/metrics", b"", method="GET")
     assert got is not None and got.status == 200 and b"webhook_gateway_build_info" in got.body
+
+
+# --- logs: an unknown namespace ----------------------------------------------------------------------------
+
+
+async def test_unknown_namespace_denial_names_no_backend(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """MAT-16 (file mode): a review in a namespace without a Namespace object is answered 404; the review log
+    line says the namespace is unknown and names no backend, because none was called."""
+    server = await nursery.start(lambda task_status: serve_backend(task_status=task_status))
+    selective = hook("prod.example.com", f"http://127.0.0.1:{server.port}/allow",
+                     namespaceSelector={"matchLabels": {"env": "prod"}})  # fmt: skip
+    write_config(tmp_path, validating={"a": [selective]}, namespaces={"shop": {"env": "prod"}})
+    options = parse(["--config", str(tmp_path), "--bind", "127.0.0.1:0", "--drain-seconds", "0"]).options
+    with structlog.testing.capture_logs() as logs:
+        running: Running = await nursery.start(
+            lambda task_status: serve(
+                options, observer=Observability(), handle_signals=False, task_status=task_status
+            )
+        )
+        client = await gateway_client(running)
+        got = await client.post("/validate?timeout=5s", json.dumps(review(namespace="ghost")).encode())
+    assert got is not None
+    assert (
+        got.json["response"]["status"]["message"] == 'namespaces "ghost" not found'
+    )  # as the apiserver says
+    (line,) = [e for e in logs if e["event"] == "review"]
+    assert "denied_by" not in line
+    assert "unknown" in line["reason"] and "no backend was called" in line["reason"]
+    assert not server.calls

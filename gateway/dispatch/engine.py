@@ -140,6 +140,14 @@ class Dispatcher:
 
     def _matching_error_verdict(self, report: DispatchReport, hook: Webhook, exc: MatchingError) -> Verdict:
         report.allowed = False
+        if exc.code == 404 and exc.details.get("kind") == "namespaces":
+            # MAT-16: the namespace is unknown to the label source; the backend whose selector asked
+            # was never called, so the log must not name it as the one that denied.
+            report.deny_reason = (
+                f"{exc.message}: the namespace is unknown to the gateway's namespace source "
+                "(file mode: no Namespace object in the configuration); no backend was called"
+            )
+            return Verdict(allowed=False, status=matching_error_status(exc), report=report)
         report.denied_by = hook.name
         report.deny_reason = exc.message
         return Verdict(allowed=False, status=matching_error_status(exc), report=report)
