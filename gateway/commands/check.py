@@ -84,7 +84,7 @@ def run(options: CheckSettings) -> int:
     from gateway.config.load import load_paths
     from gateway.errors import ConfigError
 
-    where = ", ".join(options.paths)
+    where = ", ".join("<stdin>" if p == "-" else p for p in options.paths)
     stdin_text = sys.stdin.read() if "-" in options.paths else None
     try:
         snapshot = load_paths(options.paths, stdin_text=stdin_text, strict_https=options.strict_https)
