@@ -217,9 +217,36 @@ async def test_emptied_directory_is_refused_on_reload(nursery: trio.Nursery, tmp
 # --- logs ------------------------------------------------------------------------------------------------
 
 
+def test_hypercorn_start_up_line_goes_through_the_gateway_logger() -> None:
+    """hypercorn's "Running on ... (CTRL + C to quit)" becomes the gateway's own `listening` line."""
+    import logging
+
+    saved = structlog.get_config()
+    root = logging.getLogger()
+    saved_handlers, saved_level = list(root.handlers), root.level
+    try:
+        out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True)
+        configure_logging("info", "json", stream=out)
+        logging.getLogger("hypercorn.error").info(
+            "Running on %s (CTRL + C to quit)", "https://127.0.0.1:8443"
+        )
+        out.flush()
+        (line,) = [json.loads(x) for x in out.buffer.getvalue().decode().splitlines()]  # type: ignore[attr-defined]
+    finally:
+        structlog.configure(**saved)
+        root.handlers[:] = saved_handlers
+        root.setLevel(saved_level)
+    assert (line["event"], line["url"]) == ("listening", "https://127.0.0.1:8443")
+    assert "logger" not in line
+
+
 def test_console_lines_show_no_python_reprs() -> None:
     """Console lines render lists as JSON (`["a"]`), never as a Python repr (`['a']`)."""
+    import logging
+
     saved = structlog.get_config()
+    root = logging.getLogger()
+    saved_handlers, saved_level = list(root.handlers), root.level
     try:
         out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", write_through=True)
         configure_logging("info", "console", stream=out)
@@ -228,6 +255,8 @@ def test_console_lines_show_no_python_reprs() -> None:
         text = out.buffer.getvalue().decode()  # type: ignore[attr-defined]
     finally:
         structlog.configure(**saved)
+        root.handlers[:] = saved_handlers
+        root.setLevel(saved_level)
     assert 'urls=["http://127.0.0.1:1"]' in text
     assert "['" not in text
 

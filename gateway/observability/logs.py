@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import re
 import sys
 from collections.abc import MutableMapping
 from typing import Any, BinaryIO, Final, Literal, TextIO
@@ -168,6 +169,9 @@ def _isatty(stream: TextIO) -> bool:
         return False
 
 
+_HYPERCORN_LISTENING: Final = re.compile(r"Running on (\S+) \(CTRL \+ C to quit\)")
+
+
 class StructlogHandler(logging.Handler):
     """Routes stdlib log records (hypercorn, libraries) through the structlog pipeline.
 
@@ -176,9 +180,14 @@ class StructlogHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
+            message = record.getMessage()
+            listening = _HYPERCORN_LISTENING.match(message) if record.name == "hypercorn.error" else None
+            if listening is not None:  # the server's own start-up line, in the gateway's words
+                structlog.get_logger().info("listening", url=listening.group(1))
+                return
             fields: MutableMapping[str, Any] = {"logger": record.name}
             if record.exc_info:
                 fields["exc_info"] = record.exc_info
-            structlog.get_logger().log(record.levelno, record.getMessage(), **fields)
+            structlog.get_logger().log(record.levelno, message, **fields)
         except Exception:  # noqa: BLE001 - logging must never take the server down
             self.handleError(record)
