@@ -339,6 +339,9 @@ async def test_unknown_namespace_denial_names_no_backend(nursery: trio.Nursery, 
         )
         client = await gateway_client(running)
         got = await client.post("/validate?timeout=5s", json.dumps(review(namespace="ghost")).encode())
+        with trio.fail_after(5):  # the review line is written just after the answer is sent
+            while not any(e["event"] == "review" for e in logs):
+                await trio.sleep(0.01)
     assert got is not None
     assert (
         got.json["response"]["status"]["message"] == 'namespaces "ghost" not found'
