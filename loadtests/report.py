@@ -172,7 +172,7 @@ def plot(result: RunResult, path: Path) -> None:
     import matplotlib.ticker
 
     plt.rcParams.update({"font.size": 11, "axes.titlesize": 12, "axes.labelsize": 11, "legend.fontsize": 10})
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 6))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 7))
     meds = medians(result)
     colours = {"gateway": "tab:blue", "direct": "tab:green"}
     for name in ("direct", "gateway"):
@@ -180,12 +180,13 @@ def plot(result: RunResult, path: Path) -> None:
         if not pts:
             continue
         x = [p.throughput_rps for p in pts]
-        for attr, style in (("p50_ms", "-"), ("p90_ms", "--"), ("p99_ms", ":")):
+        # one marker per percentile, so a single load point is still readable without its lines
+        for attr, style, marker in (("p50_ms", "-", "o"), ("p90_ms", "--", "s"), ("p99_ms", ":", "^")):
             ax1.plot(
                 x,
                 [getattr(p.latency, attr) for p in pts],
                 style,
-                marker="o",
+                marker=marker,
                 color=colours[name],
                 label=f"{name} {attr.removesuffix('_ms')}",
             )
@@ -195,7 +196,13 @@ def plot(result: RunResult, path: Path) -> None:
     ax1.set_title("latency percentiles vs load")
     ax1.grid(True, which="both", alpha=0.3)
     ax1.xaxis.set_major_formatter(matplotlib.ticker.StrMethodFormatter("{x:,.0f}"))
-    ax1.legend(loc="upper left", framealpha=0.9, title="phase, percentile")
+    plain = matplotlib.ticker.FuncFormatter(lambda v, _pos: f"{v:g}")  # 20, not 2×10¹
+    ax1.yaxis.set_major_formatter(plain)
+    ax1.yaxis.set_minor_formatter(plain)
+    reached = [m[n].throughput_rps for m in meds for n in ("direct", "gateway") if n in m]
+    ax1.set_xlim(0, max(reached, default=1.0) * 1.1 or 1.0)  # no point on the frame
+    # Below the axes, so it never hides a measured point.
+    ax1.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=3, title="phase, percentile")
     for name, values in result.latencies.items():
         ms = [v * 1000 for v in values if v > 0]
         if not ms:
@@ -207,7 +214,10 @@ def plot(result: RunResult, path: Path) -> None:
     ax2.set_xlabel("latency (ms)")
     ax2.set_ylabel("reviews")
     ax2.set_title("latency histogram (first load point)")
-    ax2.legend(loc="upper right", framealpha=0.9)
+    ax2.xaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax2.xaxis.set_major_formatter(plain)
+    ax2.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax2.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)
     fig.suptitle(describe(result), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
