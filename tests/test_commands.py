@@ -166,6 +166,8 @@ def test_start_with_no_webhooks_is_refused(tmp_path: Path) -> None:
     assert got.returncode == 2
     assert "no webhook configurations" in got.stdout + got.stderr
     assert "--allow-empty-config" in got.stdout + got.stderr
+    assert "configuration refused at start-up; not serving" in got.stdout  # there is no "last good" one yet
+    assert "last good" not in got.stdout + got.stderr
 
 
 async def test_start_with_no_webhooks_is_allowed_when_asked(nursery: trio.Nursery, tmp_path: Path) -> None:
