@@ -1,7 +1,8 @@
 """``webhook-gateway demo``: the whole path on one machine in a few seconds.
 
-Starts the sample backend webhooks described in the bundled configuration (on 127.0.0.1:18081),
-starts the gateway in front of them, sends a handful of AdmissionReviews as kube-apiserver would,
+Starts the sample backend webhooks described in the bundled configuration on a free port (the
+configuration's ``127.0.0.1:18081`` URLs are pointed there), starts the gateway on a free port,
+sends a handful of AdmissionReviews as kube-apiserver would,
 and prints each decision: allowed, denied (naming the denying backend), mutated (showing the
 combined patch), a slow backend failing open, an unavailable one failing closed, and one CRD
 conversion (a CronTab from v1 to v2 through ``POST /convert/<crd name>``).
@@ -13,18 +14,34 @@ import base64
 import json
 import sys
 import uuid
-from argparse import Namespace
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import trio
 
-DEMO_BACKEND_PORT = 18081
+from gateway.settings import LogFormat
+
+DEMO_BACKEND_ADDRESS = "127.0.0.1:18081"  # what the bundled configuration's URLs name
+
+
+@dataclass(frozen=True, slots=True)
+class DemoSettings:
+    config: str | None = None  # None: the bundled demo configuration
+    log_format: LogFormat = "console"
 
 
 def demo_config_dir() -> Path:
     return Path(str(resources.files("gateway") / "data" / "demo"))
+
+
+def point_config_at(source: Path, target: Path, port: int) -> None:
+    """Copy the demo configuration files, pointing ``127.0.0.1:18081`` URLs at the backends' real port."""
+    for file in sorted(source.iterdir()):
+        if file.suffix in (".yaml", ".yml", ".json") and file.is_file():
+            text = file.read_text().replace(DEMO_BACKEND_ADDRESS, f"127.0.0.1:{port}")
+            (target / file.name).write_text(text)
 
 
 def _pod(
@@ -105,41 +122,33 @@ def describe(step: int, title: str, endpoint: str, reply: dict[str, Any], *, ms:
     return "\n".join(lines)
 
 
-async def _run(options: Namespace) -> int:
-    from gateway.cli import parse
+async def _run(options: DemoSettings, workdir: Path) -> int:
     from gateway.config.model import ClientConfig
     from gateway.devtools.backends import serve_backend
     from gateway.server.serve import serve
+    from gateway.settings import ServeSettings
     from gateway.transport.pool import ClientPool
     from gateway.transport.resolve import resolve_target
 
-    config_dir = options.config or str(demo_config_dir())
+    shown_config = options.config or str(demo_config_dir())
     color = sys.stdout.isatty()
     async with trio.open_nursery() as nursery:
-        await nursery.start(
-            lambda task_status: serve_backend(port=DEMO_BACKEND_PORT, task_status=task_status)
+        backends = await nursery.start(lambda task_status: serve_backend(port=0, task_status=task_status))
+        point_config_at(Path(shown_config), workdir, backends.port)
+        gateway_options = ServeSettings(
+            config=str(workdir),
+            bind="127.0.0.1:0",
+            drain_seconds=0,
+            log_level="warning",
+            log_format=options.log_format,
         )
-        gateway_options = parse(
-            [
-                "--config",
-                config_dir,
-                "--bind",
-                "127.0.0.1:0",
-                "--drain-seconds",
-                "0",
-                "--log-level",
-                "warning",
-                "--log-format",
-                options.log_format,
-            ]
-        ).options
         running = await nursery.start(
             lambda task_status: serve(gateway_options, handle_signals=False, task_status=task_status)
         )
         base = running.urls[0]
         print(_paint("webhook-gateway demo", BOLD, color))
-        print(f"  gateway:          {base}  (config: {config_dir})")
-        print(f"  sample backends:  http://127.0.0.1:{DEMO_BACKEND_PORT}  (gateway/devtools/backends.py)\n")
+        print(f"  gateway:          {base}  (config: {shown_config})")
+        print(f"  sample backends:  http://127.0.0.1:{backends.port}  (gateway/devtools/backends.py)\n")
         async with ClientPool() as pool:
             for i, (title, endpoint, obj) in enumerate(STEPS, start=1):
                 target = resolve_target(ClientConfig(url=f"{base}/{endpoint}"), None)
@@ -196,8 +205,11 @@ async def _conversion_step(pool: Any, base: str, step: int, *, color: bool) -> s
     return "\n".join(lines)
 
 
-def run_demo(options: Namespace) -> int:
+def run_demo(options: DemoSettings) -> int:
+    import tempfile
+
     from gateway.observability import configure_logging
 
     configure_logging("warning", options.log_format)
-    return trio.run(_run, options)
+    with tempfile.TemporaryDirectory(prefix="webhook-gateway-demo-") as workdir:
+        return trio.run(_run, options, Path(workdir))

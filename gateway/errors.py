@@ -7,6 +7,9 @@ never an exception. Errors carry structured fields so that callers never parse m
 
 from __future__ import annotations
 
+import errno
+import ssl
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -141,3 +144,42 @@ class NamespaceLookupError(GatewayError):
     The dispatcher answers ``500 Internal error occurred: <str(error)>``; the message is the
     Go-like text upstream would show, e.g. ``Get "https://10.0.0.1:443/api/v1/namespaces/a": ...``.
     """
+
+
+class ListenError(GatewayError):
+    """A listener could not be opened (address in use, not available, not permitted)."""
+
+    def __init__(self, address: str, exc: OSError) -> None:
+        self.address = address
+        reason = exc.strerror or str(exc)
+        hint = {
+            errno.EADDRINUSE: "stop the process using it or choose another address",
+            errno.EACCES: "choose a port above 1023 or grant CAP_NET_BIND_SERVICE",
+            errno.EADDRNOTAVAIL: "use an address of this host (or 0.0.0.0)",
+        }.get(exc.errno or 0, "choose another address")
+        super().__init__(f"cannot listen on {address}: {reason.lower()}; {hint}")
+
+
+def leaves(exc: BaseException) -> Iterator[BaseException]:
+    """The exceptions inside (nested) exception groups, or ``exc`` itself."""
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from leaves(inner)
+    else:
+        yield exc
+
+
+def startup_failure(exc: BaseException) -> str | None:
+    """The one line an expected start-up failure is reported as; None for a defect (re-raised)."""
+    found = list(leaves(exc))
+    for leaf in found:
+        if isinstance(leaf, ListenError):
+            return str(leaf)
+    for leaf in found:
+        if isinstance(leaf, GatewayError | ssl.SSLError):
+            return str(leaf)
+        if isinstance(leaf, OSError):
+            where = f"{leaf.filename}: " if leaf.filename else ""
+            reason = leaf.strerror or errno.errorcode.get(leaf.errno or 0, "") or str(leaf)
+            return f"{where}{reason}"
+    return None

@@ -36,7 +36,12 @@ def parser() -> argparse.ArgumentParser:
         + "\n  convert      CRD conversion, 1/10/500 objects per review, with and without the cache "
         "(python -m loadtests convert --help)",
     )
-    p.add_argument("scenario", choices=sorted(SCENARIOS))
+    p.add_argument(
+        "scenario",
+        nargs="?",
+        choices=sorted(SCENARIOS),
+        help="what to start and send; with --target optional (the target's own configuration answers)",
+    )
     g = p.add_argument_group("load shape")
     g.add_argument("--duration", type=float, default=10.0, help="seconds per measured phase (default 10)")
     g.add_argument("--requests", type=int, help="stop a phase after this many reviews")
@@ -132,7 +137,7 @@ def options(args: argparse.Namespace) -> Options:
         opts.repeat = 1
         opts.rates = opts.rates[:1]
         opts.concurrency = min(opts.concurrency, 8)
-        if args.scenario == "slow-ignore":
+        if args.scenario == "slow-ignore":  # (None with --target alone)
             opts.slow_fraction = max(opts.slow_fraction, 0.2)
     return opts
 
@@ -145,11 +150,19 @@ def main(argv: list[str] | None = None) -> int:
 
         return convert_main(argv[1:])
     args = parser().parse_args(argv)
+    if args.scenario is None and not args.target:
+        parser().error("a scenario is required (or --target URL of a running gateway)")
+    if args.plot:  # say so now, not after a whole run
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            parser().error("--plot needs matplotlib: pip install 'webhook-gateway[loadtest]'")
     try:
         opts = options(args)
     except (argparse.ArgumentTypeError, ValueError) as exc:
         parser().error(str(exc))
-    scenario = build(args.scenario, backends=args.backends, slow_fraction=opts.slow_fraction)
+    # --target alone: reviews go to its /validate and are checked for protocol only (its config is unknown)
+    scenario = build(args.scenario or "passthrough", backends=args.backends, slow_fraction=opts.slow_fraction)
 
     def say(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)

@@ -30,7 +30,8 @@ def describe(result: RunResult) -> str:
     """One paragraph saying what was measured and how."""
     o = result.options
     proto = "HTTP/2" if o.protocol == "h2" else "HTTP/1.1 keep-alive"
-    proto += " over TLS" if o.tls or o.target else " (plaintext)"
+    tls = o.target.lower().startswith("https://") if o.target else o.tls  # what --target really speaks
+    proto += " over TLS" if tls else " (plaintext)"
     rates = ", ".join(f"{r:g}" for r in o.rates)
     shape = (
         f"open loop {rates}/s{' Poisson' if o.poisson else ''}, {o.concurrency} connections"
@@ -39,11 +40,12 @@ def describe(result: RunResult) -> str:
     )
     bound = f"{o.duration:g} s" + (f" or {o.requests:,} reviews" if o.requests else "")
     size = f"~{o.size_kb:g} KB Pod reviews ({o.review_version})"
-    return (
-        f"scenario {result.scenario.name}: {result.scenario.description}\n"
-        f"{proto}; {shape}; {bound}; {size}; medians of {o.repeat} run(s)"
-        + (f"; target {o.target}" if o.target else "")
+    what = (
+        f"target {o.target}: its own configuration (answers checked for protocol only)"
+        if o.target
+        else f"scenario {result.scenario.name}: {result.scenario.description}"
     )
+    return f"{what}\n{proto}; {shape}; {bound}; {size}; medians of {o.repeat} run(s)"
 
 
 _COLUMNS = (
@@ -103,7 +105,16 @@ def table(result: RunResult) -> str:
                 for f in ("p50_ms", "p90_ms", "p99_ms", "p999_ms")
             ]
             lines.append(_row(["ratio", "", _f(ratio, "{:.2f}x"), *added]))
-            lines.append("  (ratio: gateway reviews/s ÷ direct; latency columns: added ms, gateway − direct)")
+            calls = len(result.scenario.endpoints)
+            lines.append(
+                "  (ratio: gateway reviews/s ÷ direct; latency columns: added ms, gateway − direct"
+                + (
+                    f"; per review both phases make {calls} requests: /mutate and /validate at the "
+                    f"gateway, {calls} backend calls direct)"
+                    if calls > 1
+                    else ")"
+                )
+            )
     errors: dict[str, int] = {}
     for raw_point in result.points:
         for runs in raw_point.values():
@@ -158,8 +169,10 @@ def plot(result: RunResult, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
+    plt.rcParams.update({"font.size": 11, "axes.titlesize": 12, "axes.labelsize": 11, "legend.fontsize": 10})
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 7))
     meds = medians(result)
     colours = {"gateway": "tab:blue", "direct": "tab:green"}
     for name in ("direct", "gateway"):
@@ -167,12 +180,13 @@ def plot(result: RunResult, path: Path) -> None:
         if not pts:
             continue
         x = [p.throughput_rps for p in pts]
-        for attr, style in (("p50_ms", "-"), ("p90_ms", "--"), ("p99_ms", ":")):
+        # one marker per percentile, so a single load point is still readable without its lines
+        for attr, style, marker in (("p50_ms", "-", "o"), ("p90_ms", "--", "s"), ("p99_ms", ":", "^")):
             ax1.plot(
                 x,
                 [getattr(p.latency, attr) for p in pts],
                 style,
-                marker="o",
+                marker=marker,
                 color=colours[name],
                 label=f"{name} {attr.removesuffix('_ms')}",
             )
@@ -181,7 +195,14 @@ def plot(result: RunResult, path: Path) -> None:
     ax1.set_yscale("log")
     ax1.set_title("latency percentiles vs load")
     ax1.grid(True, which="both", alpha=0.3)
-    ax1.legend(fontsize=8)
+    ax1.xaxis.set_major_formatter(matplotlib.ticker.StrMethodFormatter("{x:,.0f}"))
+    plain = matplotlib.ticker.FuncFormatter(lambda v, _pos: f"{v:g}")  # 20, not 2×10¹
+    ax1.yaxis.set_major_formatter(plain)
+    ax1.yaxis.set_minor_formatter(plain)
+    reached = [m[n].throughput_rps for m in meds for n in ("direct", "gateway") if n in m]
+    ax1.set_xlim(0, max(reached, default=1.0) * 1.1 or 1.0)  # no point on the frame
+    # Below the axes, so it never hides a measured point.
+    ax1.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=3, title="phase, percentile")
     for name, values in result.latencies.items():
         ms = [v * 1000 for v in values if v > 0]
         if not ms:
@@ -193,8 +214,11 @@ def plot(result: RunResult, path: Path) -> None:
     ax2.set_xlabel("latency (ms)")
     ax2.set_ylabel("reviews")
     ax2.set_title("latency histogram (first load point)")
-    ax2.legend(fontsize=8)
-    fig.suptitle(describe(result), fontsize=9)
+    ax2.xaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax2.xaxis.set_major_formatter(plain)
+    ax2.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax2.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)
+    fig.suptitle(describe(result), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -259,11 +259,13 @@ def gateway_workload(
 def direct_workload(
     scenario: Scenario, endpoint: Endpoint, path: str, templates: dict[str, list[ReviewTemplate]]
 ) -> Workload:
-    """One call per review straight to the scenario's representative backend (the baseline)."""
+    """Calls per review straight to the scenario's representative backend (the baseline): as many as
+    the gateway phase makes per review (mutate and validate: two), so the ratio compares like with like."""
     spec = scenario.direct_backend
     expect = expect_direct(spec)
+    calls = len(scenario.endpoints)
     mixes: list[tuple[str, list[Step]]] = [
-        ("fast", [(_query(path).encode(), tmpl, expect)]) for tmpl in templates["fast"]
+        ("fast", [(_query(path).encode(), tmpl, expect)] * calls) for tmpl in templates["fast"]
     ]
     return Workload(endpoint, mixes)
 

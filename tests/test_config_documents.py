@@ -596,7 +596,7 @@ def test_not_utf8_file(tmp_path: Path) -> None:
 
 
 def test_sample_directory() -> None:
-    """The sample configuration directory loads: order, defaults, namespaces and the GW-05 warning."""
+    """The sample configuration directory loads: order, defaults, namespaces, and no false GW-05 warning."""
     sample = CONFIGS / "sample"
     snapshot = load_directory(sample)
     assert [h.identity for h in snapshot.validating] == [
@@ -610,10 +610,9 @@ def test_sample_directory() -> None:
         ("sidecars/defaults.local.example.com/0", 5, "Fail"),
     ]
     assert set(snapshot.namespaces) == {"team-a", "kube-system"}
-    assert [str(w) for w in snapshot.warnings] == [
-        f"{sample}: the timeouts of the 3 mutating webhooks add up to 40s, more than the 30s a caller can "
-        "give the gateway: webhooks late in the chain may time out (GW-05)"
-    ]
+    # GW-05: 30 + 5 + 5 s of mutating timeouts, but on pods, configmaps and jobs: no request meets two
+    # of them, so nothing adds up (this warned before the overlap analysis: a false alarm).
+    assert [str(w) for w in snapshot.warnings] == []
 
 
 def test_self_referencing_yaml_is_an_error(tmp_path: Path) -> None:

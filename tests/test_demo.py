@@ -43,3 +43,28 @@ def test_bundled_configuration_is_valid() -> None:
         cwd=REPO,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_demo_runs_while_the_readme_backends_hold_their_port() -> None:
+    """The demo picks free ports: it works while `python -m gateway.devtools.backends --port 18081` (the
+    README's step) holds the port its bundled configuration names."""
+    import socket
+
+    with socket.socket() as held:
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            held.bind(("127.0.0.1", 18081))
+            held.listen()
+        except OSError:
+            pass  # something already holds it: just as good
+        result = subprocess.run(
+            [sys.executable, "-m", "gateway", "demo"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            cwd=REPO,
+        )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("ALLOWED") == 3
+    assert "127.0.0.1:18081" not in result.stdout

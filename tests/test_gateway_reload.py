@@ -90,6 +90,7 @@ async def test_serving_certificate_rotation(nursery: trio.Nursery, tmp_path: Pat
         str(tmp_path / "tls.pem"),
         "--keyfile",
         str(tmp_path / "tls.pem"),
+        "--allow-empty-config",  # no backends needed to watch the certificate
         *POLL,
     )
     ctx = ssl.create_default_context()

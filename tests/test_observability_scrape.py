@@ -170,6 +170,7 @@ async def test_metrics_on_a_separate_listener(nursery: trio.Nursery, tmp_path: P
             "127.0.0.1:0",
             "--drain-seconds",
             "0",
+            "--allow-empty-config",
         ]
     ).options
     running = await nursery.start(

@@ -420,7 +420,7 @@ def test_cli_errors(tmp_path: Path, args: list[str], message: str) -> None:
     write_config(tmp_path, validating={"v": [hook("a.example.com", URL)]})
     result = run_cli("registration", "--config", str(tmp_path), *args)
     assert (result.returncode, result.stdout) == (1, "")
-    assert result.stderr.startswith(f"error: {message}") and result.stderr.count("\n") == 1
+    assert result.stderr.startswith(f"webhook-gateway: error: {message}") and result.stderr.count("\n") == 1
 
 
 def test_cli_refuses_a_bad_configuration(tmp_path: Path) -> None:

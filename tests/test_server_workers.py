@@ -176,6 +176,7 @@ class Gateway:
         self.config = config
         self.tls: ssl.SSLContext | None = None
         self.seen: set[int] = set()  # every worker pid seen, to clean up after a failed test
+        self.metrics_port: int | None = None  # with --metrics-bind, /metrics is served only there
 
     async def get(self, path: str, port: int | None = None) -> tuple[int, str]:
         # A new connection each time: any worker may take it.
@@ -197,7 +198,7 @@ class Gateway:
             await client.aclose()
 
     async def metrics(self, port: int | None = None) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        status, text = await self.get("/metrics", port)
+        status, text = await self.get("/metrics", port or self.metrics_port)
         assert status == 200
         return {
             (s.name, tuple(sorted(s.labels.items()))): s.value
@@ -311,7 +312,9 @@ async def test_two_workers_share_the_socket_and_metrics_count_every_review(
     _config(tmp_path, allow_backend)
     metrics_port = free_port()
     async with gateway(tmp_path, "--metrics-bind", f"127.0.0.1:{metrics_port}") as gw:
+        gw.metrics_port = metrics_port
         assert len(gw.workers()) == 2
+        assert (await gw.get("/metrics"))[0] == 404, "the main listener leaves /metrics to --metrics-bind"
         sent = await _review_until_both_workers_served(gw)
         for _ in range(4):  # every scrape, whichever worker answers it, sees the same totals
             assert await gw.metric_sum("webhook_gateway_inbound_requests_total") == sent
@@ -454,7 +457,7 @@ BAD_STARTS = [
     ),
     pytest.param(
         {},
-        ("--certfile", "/nonexistent/tls.crt", "--keyfile", "/nonexistent/tls.key"),
+        ("--certfile", "/nonexistent/tls.crt", "--keyfile", "/nonexistent/tls.key", "--allow-empty-config"),
         1,
         id="a serving certificate that cannot be read stops every worker, exit code 1 as with one process",
     ),
@@ -558,8 +561,10 @@ def test_a_negative_worker_count_is_a_one_line_error() -> None:
         timeout=60,
         check=False,
     )
-    assert result.returncode == 1
-    assert result.stderr.strip() == "--workers: -1 is not a number of processes (0: one per CPU)"
+    assert result.returncode == 2, "a bad option value, as argparse's own errors"
+    assert result.stderr.strip() == (
+        "webhook-gateway: error: --workers: -1 is not a number of processes (0: one per CPU)"
+    )
 
 
 async def test_rotated_backend_credentials_reach_every_worker(nursery: trio.Nursery, tmp_path: Path) -> None:

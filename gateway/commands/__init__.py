@@ -1,1 +1,1 @@
-"""The subcommands' logic, one module each; ``gateway.cli`` parses, ``gateway.__main__`` dispatches."""
+"""The subcommands of ``webhook-gateway``: one module each (``gateway.cli`` dispatches)."""

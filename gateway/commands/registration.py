@@ -12,11 +12,13 @@ import sys
 import textwrap
 from argparse import Namespace
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from gateway.commands.options import Parser, fail
 from gateway.config.model import Snapshot
 from gateway.registration import (
     DEFAULT_EXCLUDED_RESOURCES,
@@ -30,6 +32,76 @@ from gateway.registration import (
     excluded_namespaces,
     resource_exclusion,
 )
+
+SUMMARY = "print the gateway's own narrowest Validating/MutatingWebhookConfiguration pair"
+
+
+def build_parser(prog: str) -> Parser:
+    p = Parser(
+        prog=prog,
+        description="Print the narrowest Validating/MutatingWebhookConfiguration pair that delivers every "
+        "review some backend in --config could match, minus cluster infrastructure.",
+    )
+    p.add_option("--config", help="configuration directory", default="config/webhooks")
+    p.add_option("--name", help="name of both registration objects", default="webhook-gateway")
+    p.add_option(
+        "--namespace", help="the gateway's own namespace (always excluded)", default="webhook-gateway"
+    )
+    p.add_option("--service", help="the gateway's Service", default="webhook-gateway")
+    p.add_option("--port", help="the Service port", type=int, default=443)
+    p.add_option("--validate-path", help="path of the validating endpoint", default="/validate")
+    p.add_option("--mutate-path", help="path of the mutating endpoint", default="/mutate")
+    p.add_option("--ca-bundle", help="PEM file of the CA that signed the serving certificate (caBundle)")
+    p.add_option(
+        "--failure-policy",
+        choices=("Fail", "Ignore"),
+        default="Fail",
+        help="what the apiserver does when no gateway replica answers",
+    )
+    p.add_option(
+        "--deadline-margin",
+        help="the gateway's --deadline-margin (added to the backends' budget)",
+        type=float,
+        default=0.2,
+    )
+    p.add_option("--exclude-namespaces", help="comma-separated namespaces to exclude as well")
+    p.add_option(
+        "--include-namespaces", help="comma-separated namespaces to deliver despite the default exclusions"
+    )
+    p.add_option(
+        "--exclude-resources", help="comma-separated RESOURCE[.GROUP] to exclude as well (all subresources)"
+    )
+    p.add_option(
+        "--include-resources",
+        help="comma-separated RESOURCE[.GROUP] to deliver despite the default exclusions, e.g. events",
+    )
+    p.add_option(
+        "--no-default-exclusions",
+        action="store_true",
+        help="exclude nothing by default (not even the gateway's own namespace): unsafe",
+    )
+    p.add_option("--output", choices=("yaml", "json"), default="yaml", help="output format")
+    return p
+
+
+@dataclass(frozen=True, slots=True)
+class RegistrationRequest:
+    """What ``registration`` was asked for: the configuration, the output format and the settings.
+
+    ``error`` holds the one-line reason when an option was unusable (then ``settings`` is None).
+    """
+
+    config: str
+    output: str
+    settings: Settings | None
+    error: str = ""
+
+
+def settings(options: Namespace) -> RegistrationRequest:
+    try:
+        return RegistrationRequest(options.config, options.output, settings_from(options))
+    except ValueError as exc:
+        return RegistrationRequest(options.config, options.output, None, str(exc))
 
 
 def _names(value: str | None) -> list[str]:
@@ -102,27 +174,26 @@ def render(registration: Registration, settings: Settings, output: str) -> str:
     return header(settings) + "---\n" + body
 
 
-def run(options: Namespace) -> int:
+def run(request: RegistrationRequest) -> int:
     """Print the registration for ``--config``; exit 1 when the configuration or an option is bad."""
     from gateway.config.load import load_directory
     from gateway.errors import ConfigError
 
+    if request.settings is None:
+        return fail(request.error)
     try:
-        settings = settings_from(options)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    try:
-        snapshot = load_directory(options.config)
+        snapshot = load_directory(request.config)
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"{problem.severity}: {problem}", file=sys.stderr)
-        print(f"{options.config}: configuration refused; no registration printed", file=sys.stderr)
+        print(f"{request.config}: configuration refused; no registration printed", file=sys.stderr)
         return 1
-    registration = compute(snapshot, settings)
+    except OSError as exc:
+        return fail(f"{request.config}: {exc.strerror or exc}")
+    registration = compute(snapshot, request.settings)
     for note in registration.notes:
         print(f"note: {note}", file=sys.stderr)
-    sys.stdout.write(render(registration, settings, options.output))
+    sys.stdout.write(render(registration, request.settings, request.output))
     return 0
 
 

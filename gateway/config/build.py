@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final, cast
 
-from gateway.config import model, selectors, types
+from gateway.config import model, overlap, selectors, types
 from gateway.config.backend_policy import PolicyAnnotation, policy_for
 from gateway.config.cel import CompiledCondition
 from gateway.config.fielderrors import FieldError, child, index, invalid_omitting_value
@@ -154,41 +154,49 @@ def build_webhook(
 # --- gateway warnings ------------------------------------------------------------------------------
 
 
+def _gv_text(group: str, version: str) -> str:
+    return f"{group}/{version}" if group else version
+
+
 def equivalent_warnings(config: types.WebhookConfiguration) -> list[FieldError]:
-    """MAT-10: an ``Equivalent`` backend whose rules name specific groups or versions is matched Exact."""
+    """MAT-10: an ``Equivalent`` backend is matched Exact; warn where that changes what matches —
+    a rule that reaches a resource in one group/version but not in another one it is served under."""
     warnings = []
     for i, hook in enumerate(config.webhooks or ()):
         if hook.match_policy != "Equivalent":
             continue
-        narrow = [
-            j
-            for j, r in enumerate(hook.rules or ())
-            if "*" not in (r.api_groups or ()) or "*" not in (r.api_versions or ())
-        ]
-        if narrow:
+        for j, r in enumerate(hook.rules or ()):
+            gaps = overlap.equivalent_gaps(r.api_groups or (), r.api_versions or (), r.resources or ())
+            if not gaps:
+                continue
+            resource, (group, version), (other_group, other_version) = gaps[0]
             warnings.append(
                 FieldError(
                     child(index("webhooks", i), "matchPolicy"),
                     "Equivalent is matched as Exact: the gateway cannot convert objects between versions, "
-                    f"so requests for equivalent resources will not reach this webhook "
-                    f"(rules[{narrow[0]}] names specific API groups or versions)",
+                    f"so requests for {resource} in {_gv_text(other_group, other_version)} will not reach "
+                    f"this webhook (rules[{j}] matches it only in {_gv_text(group, version)}); list every "
+                    "group/version in the rule, or set matchPolicy: Exact",
                 )
             )
+            break
     return warnings
 
 
 def chain_timeout_warning(mutating: Iterable[model.Webhook], origin: str) -> ConfigProblem | None:
-    """GW-05: the mutating chain's timeouts should fit in the gateway's own (at most 30 s)."""
-    hooks = list(mutating)
+    """GW-05: the timeouts of mutating webhooks that one request can meet should fit in the gateway's
+    own (at most 30 s); webhooks that exclude each other (rules or selectors) never add up."""
+    hooks = overlap.worst_request(mutating)
     total = sum(h.timeout_seconds for h in hooks)
     if total <= GATEWAY_TIMEOUT_SECONDS:
         return None
+    names = ", ".join(h.name for h in hooks)
     return ConfigProblem(
         file=origin,
         message=(
-            f"the timeouts of the {len(hooks)} mutating webhooks add up to {total}s, more than the "
-            f"{GATEWAY_TIMEOUT_SECONDS}s a caller can give the gateway: webhooks late in the chain "
-            "may time out (GW-05)"
+            f"the timeouts of the {len(hooks)} mutating webhooks that one request can match add up to "
+            f"{total}s, more than the {GATEWAY_TIMEOUT_SECONDS}s a caller can give the gateway: webhooks "
+            f"late in the chain may time out (GW-05; {names})"
         ),
         severity="warning",
     )

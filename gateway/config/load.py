@@ -274,7 +274,11 @@ def _read_file(path: Path, label: str) -> tuple[list[_Document], ConfigProblem |
         return [], ConfigProblem(label, f"cannot read file: {exc.strerror or exc}")
     except UnicodeDecodeError as exc:
         return [], ConfigProblem(label, f"not UTF-8 text: {exc.reason} at byte {exc.start}")
-    if path.suffix == ".json":
+    return _parse_text(text, label, is_json=path.suffix == ".json")
+
+
+def _parse_text(text: str, label: str, *, is_json: bool) -> tuple[list[_Document], ConfigProblem | None]:
+    if is_json:
         try:
             body = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -320,6 +324,38 @@ def load_files(
             loader.add(doc)
     origin = str(files[0].parent) if files else "<no files>"
     return loader.snapshot(origin=origin, generation=generation)
+
+
+def load_paths(
+    paths: Iterable[str], *, stdin_text: str | None = None, strict_https: bool = False
+) -> model.Snapshot:
+    """``check``'s inputs, in the order given: directories (their configuration files, as
+    ``load_directory`` reads them), single files of any name, and ``-`` (``stdin_text``, YAML or JSON)."""
+    loader = _Loader(lax=False, strict_https=strict_https)
+    for given in paths:
+        if given == "-":
+            text = stdin_text or ""
+            docs, problem = _parse_text(text, "<stdin>", is_json=text.lstrip().startswith(("{", "[")))
+        elif os.path.isdir(given):
+            try:
+                files = _directory_files(Path(given))
+            except OSError as exc:
+                loader.problems.append(ConfigProblem(given, f"cannot read directory: {exc.strerror or exc}"))
+                continue
+            for file in files:
+                docs, problem = _read_file(file, os.path.join(given, file.name))
+                if problem is not None:
+                    loader.problems.append(problem)
+                for doc in docs:
+                    loader.add(doc)
+            continue
+        else:
+            docs, problem = _read_file(Path(given), given)
+        if problem is not None:
+            loader.problems.append(problem)
+        for doc in docs:
+            loader.add(doc)
+    return loader.snapshot(origin=", ".join(paths) or "<nothing>", generation=0)
 
 
 def load_directory(

@@ -352,6 +352,15 @@ def settle(
     if refused is not None:  # VAL-01 / MUT-02: answers the review; earlier patches are discarded
         st = matching_error_status(refused.error)
         report.allowed, report.denied_by, report.deny_reason = False, refused.hook.name, refused.error.message
+        error = refused.error
+        if error.code == 404 and error.details.get("kind") == "namespaces":
+            # MAT-16: the namespace is unknown to the label source; the backend whose selector asked
+            # was never called, so the log must not name it as the one that denied.
+            report.denied_by = ""
+            report.deny_reason = (
+                f"{error.message}: the namespace is unknown to the gateway's namespace source "
+                "(file mode: no Namespace object in the configuration); no backend was called"
+            )
         return Verdict(
             allowed=False,
             status=st,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import re
 import sys
 from collections.abc import MutableMapping
 from typing import Any, BinaryIO, Final, Literal, TextIO
@@ -75,6 +76,29 @@ def _raw_as_text(logger: WrappedLogger, method_name: str, event_dict: EventDict)
     return event_dict
 
 
+_to_json = msgspec.json.Encoder(enc_hook=_encode_fallback).encode
+
+
+class _AsJSON:
+    """A value the console renderer shows as JSON text (it quotes strings, and reprs everything else)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, value: object) -> None:
+        self.text = _to_json(value).decode()
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _containers_as_json(logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
+    """Console format: lists and mappings as JSON (``["a"]``), never a Python repr (``['a']``)."""
+    for key, value in event_dict.items():
+        if key != "exc_info" and isinstance(value, list | tuple | dict | set | frozenset):
+            event_dict[key] = _AsJSON(sorted(value) if isinstance(value, set | frozenset) else value)
+    return event_dict
+
+
 def _processors(fmt: LogFormat, *, colors: bool) -> list[Processor]:
     common: list[Processor] = [
         structlog.contextvars.merge_contextvars,
@@ -91,6 +115,7 @@ def _processors(fmt: LogFormat, *, colors: bool) -> list[Processor]:
         *common,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         _raw_as_text,
+        _containers_as_json,
         structlog.dev.ConsoleRenderer(colors=colors),
     ]
 
@@ -144,6 +169,9 @@ def _isatty(stream: TextIO) -> bool:
         return False
 
 
+_HYPERCORN_LISTENING: Final = re.compile(r"Running on (\S+) \(CTRL \+ C to quit\)")
+
+
 class StructlogHandler(logging.Handler):
     """Routes stdlib log records (hypercorn, libraries) through the structlog pipeline.
 
@@ -152,9 +180,14 @@ class StructlogHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
+            message = record.getMessage()
+            listening = _HYPERCORN_LISTENING.match(message) if record.name == "hypercorn.error" else None
+            if listening is not None:  # the server's own start-up line, in the gateway's words
+                structlog.get_logger().info("listening", url=listening.group(1))
+                return
             fields: MutableMapping[str, Any] = {"logger": record.name}
             if record.exc_info:
                 fields["exc_info"] = record.exc_info
-            structlog.get_logger().log(record.levelno, record.getMessage(), **fields)
+            structlog.get_logger().log(record.levelno, message, **fields)
         except Exception:  # noqa: BLE001 - logging must never take the server down
             self.handleError(record)

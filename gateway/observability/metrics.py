@@ -29,17 +29,19 @@ content, so cardinality is bounded by the configuration.
 
 from __future__ import annotations
 
+import platform
 import re
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, Generic, Literal, TypeVar
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Info, ProcessCollector
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
+from gateway import __version__
 from gateway.admission import OPERATIONS
 from gateway.conversion.convert import ConversionReport
 from gateway.dispatch.report import DispatchReport, InvocationRecord
@@ -417,6 +419,11 @@ class Metrics:
         self._init_resilience()
         self.registry = CollectorRegistry()
         self.registry.register(_Collector(self))
+        # process_* (CPU, memory, open files, start time) and which build is running, for dashboards.
+        ProcessCollector(registry=self.registry)
+        Info(
+            "webhook_gateway_build", "The running gateway's version (value 1).", registry=self.registry
+        ).info({"version": __version__, "python": platform.python_version()})
 
         # Series that exist at 0 before the first event, so that rate() and alerts work from the start.
         for result in ("success", "failure"):

@@ -191,7 +191,9 @@ class Observability:
                 log.warning("configuration warning", generation=generation, problem=str(problem))
             return
         log.error(
-            "configuration refused; the last good configuration stays in force",
+            "configuration refused; the last good configuration stays in force"
+            if snapshot is not None
+            else "configuration refused at start-up; not serving",
             generation=generation,
             problems=[str(p) for p in problems],
         )

@@ -52,6 +52,7 @@ class ServerSettings:
     deadline_margin_seconds: float = 0.2  # FPT-07: answer this long before the caller gives up
     readiness_wait_seconds: float = 10.0  # MAT-33
     convert_prefix: str = "/convert/"  # CNV-01: POST /convert/<crd name>
+    serve_metrics: bool = True  # False when a separate metrics listener (--metrics-bind) serves them
 
 
 class ReviewObserver(Protocol):
@@ -178,11 +179,17 @@ class GatewayApp:
                 await _respond(send, 503, b"not ready\n", _TEXT)
             else:
                 await _respond(send, 200, b"ok\n", _TEXT)
-        elif path == "/metrics" and (m := self.observer.metrics()) is not None:
-            body, content_type = m
-            await _respond(send, 200, body, [(b"content-type", content_type.encode())])
+        elif (
+            path == "/metrics" and self.settings.serve_metrics and (m := self.observer.metrics()) is not None
+        ):
+            await self.respond_metrics(send, m)
         else:
             await _respond(send, 404, encode_status(404, "NotFound", f"no such path: {path}"), _JSON)
+
+    @staticmethod
+    async def respond_metrics(send: Send, rendered: tuple[bytes, str]) -> None:
+        body, content_type = rendered
+        await _respond(send, 200, body, [(b"content-type", content_type.encode())])
 
     async def _review(self, endpoint: str, scope: Scope, receive: Receive, send: Send) -> None:
         arrived = trio.current_time()

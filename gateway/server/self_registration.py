@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import os
 import socket
-from argparse import Namespace
 from collections.abc import Callable
 from pathlib import Path
 
 from gateway.config.model import Snapshot
 from gateway.errors import ConfigError, ConfigProblem
 from gateway.registration import Settings
+from gateway.settings import ServeSettings
 from gateway.sources.kube import KubeClient, in_cluster_config, load_kubeconfig
 from gateway.sources.registrar import KubeWriter, LeaderElection, Registrar
 
 
-def ca_bundle_file(options: Namespace) -> Path:
+def ca_bundle_file(options: ServeSettings) -> Path:
     """--registration-ca-bundle, else the ca.crt next to the serving certificate (cert-manager and
     scripts/gen-certs.sh both put it in the TLS Secret)."""
     if options.registration_ca_bundle:
@@ -28,7 +28,7 @@ def ca_bundle_file(options: Namespace) -> Path:
 
 
 def registrar_from(
-    options: Namespace, snapshot: Callable[[], Snapshot], ready: Callable[[], bool]
+    options: ServeSettings, snapshot: Callable[[], Snapshot], ready: Callable[[], bool]
 ) -> Registrar:
     config = load_kubeconfig(Path(options.kubeconfig)) if options.kubeconfig else in_cluster_config()
     writer = KubeWriter(KubeClient(config, request_timeout=10.0))

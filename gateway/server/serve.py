@@ -8,12 +8,12 @@ take time to be removed), then stops accepting and lets in-flight reviews finish
 
 from __future__ import annotations
 
+import errno
 import gc
 import logging
 import signal
 import ssl
-from argparse import Namespace
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -27,17 +27,17 @@ from gateway.config.load import load_directory
 from gateway.config.model import Snapshot
 from gateway.dispatch.engine import Dispatcher, DispatchSettings
 from gateway.dispatch.ports import NamespaceNotFoundError
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, ConfigProblem, ListenError
 from gateway.server import hypercorn_fixes
 from gateway.server.app import GatewayApp, Readiness, ServerSettings
 from gateway.server.limits import (
-    DEFAULT_FD_RESERVE,
     InboundLimits,
     InboundRuntime,
     connection_bound,
     raise_nofile_limit,
 )
 from gateway.server.listener import serve_inbound
+from gateway.settings import ServeSettings
 from gateway.wire.tls import server_context
 
 if TYPE_CHECKING:
@@ -122,7 +122,7 @@ class Running:
 
 
 async def serve(
-    options: Namespace,
+    options: ServeSettings,
     *,
     observer: Observability | None = None,
     handle_signals: bool = True,
@@ -142,7 +142,12 @@ async def serve(
     nofile = raise_nofile_limit()  # as Go programs do: the hard limit is what the operator allows
 
     def load(generation: int) -> Snapshot:
-        return load_directory(options.config, strict_https=strict, generation=generation)
+        snapshot = load_directory(options.config, strict_https=strict, generation=generation)
+        if not options.allow_empty_config and not (
+            snapshot.validating or snapshot.mutating or snapshot.conversions
+        ):
+            raise ConfigError([empty_config_problem(options.config)])
+        return snapshot
 
     baseline = fingerprint(Path(options.config))  # taken first, so no change before the watch is missed
     if observer is None:
@@ -158,7 +163,11 @@ async def serve(
     observer.config_reloaded(ok=True, snapshot=first, problems=list(first.warnings))
 
     credentials = CredentialStore.load(options.backend_kubeconfig) if options.backend_kubeconfig else None
-    tls = ReloadableTLS(options.certfile, options.keyfile, options.client_ca) if options.certfile else None
+    tls = (
+        ReloadableTLS(options.certfile, options.keyfile or options.certfile, options.client_ca)
+        if options.certfile
+        else None
+    )
     if tls is not None:
         observer.serving_certificate_loaded(tls.certfile)
     limits = inbound_limits(options)
@@ -168,7 +177,7 @@ async def serve(
         max_connections=connection_bound(
             limits.max_connections,
             nofile=nofile,
-            reserve=getattr(options, "fd_reserve", DEFAULT_FD_RESERVE),
+            reserve=options.fd_reserve,
         ),
     )
     observer.set_inbound_source(lambda: runtime.open_connections)
@@ -217,6 +226,7 @@ async def serve(
                 max_request_bytes=options.max_request_bytes,
                 default_timeout_seconds=options.default_timeout,
                 deadline_margin_seconds=options.deadline_margin,
+                serve_metrics=not options.metrics_bind,  # /metrics on the metrics listener only
             ),
             conversions=_conversion_service(caller, options, observer),
         )
@@ -241,7 +251,7 @@ async def serve(
                 baseline=baseline,
             )
         )
-        if credentials is not None:
+        if credentials is not None and options.backend_kubeconfig:
             await nursery.start(
                 partial(
                     watch_files,
@@ -291,7 +301,7 @@ async def serve(
             gc.collect()
             gc.freeze()
             registrar = None
-            if getattr(options, "manage_registration", False):
+            if options.manage_registration:
                 from gateway.server.self_registration import registrar_from
 
                 registrar = registrar_from(
@@ -319,6 +329,18 @@ async def serve(
     log.info("stopped")
 
 
+def empty_config_problem(directory: str) -> ConfigProblem:
+    """A configuration without webhooks would allow every review: refused unless asked for (B8)."""
+    return ConfigProblem(
+        directory,
+        "no webhook configurations: refusing a configuration that would allow every review "
+        "(start with --allow-empty-config if that is intended)",
+    )
+
+
+_LISTEN_ERRORS = (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL)
+
+
 async def _serve_app(
     app: Any,
     cfg: HypercornConfig,
@@ -327,23 +349,38 @@ async def _serve_app(
     *,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    await serve_inbound(
-        app, cfg, tls_context=tls_context, shutdown_trigger=shutdown_trigger, task_status=task_status
-    )
+    try:
+        await serve_inbound(
+            app, cfg, tls_context=tls_context, shutdown_trigger=shutdown_trigger, task_status=task_status
+        )
+    except* OSError as group:
+        # Binding happens inside nested nurseries: the OSError arrives wrapped in exception groups.
+        _, rest = group.split(lambda e: isinstance(e, OSError) and e.errno in _LISTEN_ERRORS)
+        if rest is None or rest is not group:
+            bind_error = next(_oserrors(group))
+            raise ListenError(", ".join(cfg.bind), bind_error) from None
+        raise
 
 
-def inbound_limits(options: Namespace) -> InboundLimits:
-    """The inbound limits from the CLI options (defaults where an option is absent)."""
-    d = InboundLimits()
+def _oserrors(exc: BaseException) -> Iterator[OSError]:
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _oserrors(inner)
+    elif isinstance(exc, OSError) and exc.errno in _LISTEN_ERRORS:
+        yield exc
+
+
+def inbound_limits(options: ServeSettings) -> InboundLimits:
+    """The inbound limits from the settings."""
     return InboundLimits(
-        header_timeout=getattr(options, "header_read_timeout", d.header_timeout),
-        body_timeout=getattr(options, "body_read_timeout", d.body_timeout),
-        idle_timeout=getattr(options, "idle_timeout", d.idle_timeout),
-        write_timeout=getattr(options, "write_timeout", d.write_timeout),
-        max_connections=getattr(options, "max_inbound_connections", d.max_connections),
-        h2_control_burst=getattr(options, "h2_control_frame_burst", d.h2_control_burst),
-        h2_control_rate=getattr(options, "h2_control_frame_rate", d.h2_control_rate),
-        h2_max_settings=d.h2_max_settings,
+        header_timeout=options.header_read_timeout,
+        body_timeout=options.body_read_timeout,
+        idle_timeout=options.idle_timeout,
+        write_timeout=options.write_timeout,
+        max_connections=options.max_inbound_connections,
+        h2_control_burst=options.h2_control_frame_burst,
+        h2_control_rate=options.h2_control_frame_rate,
+        h2_max_settings=InboundLimits().h2_max_settings,
     )
 
 
@@ -400,7 +437,7 @@ def _needs_namespaces(snapshot: Snapshot) -> bool:
     return any(not h.namespace_selector.is_empty for h in (*snapshot.validating, *snapshot.mutating))
 
 
-async def _namespace_source(nursery: trio.Nursery, options: Namespace, store: Any) -> Any:
+async def _namespace_source(nursery: trio.Nursery, options: ServeSettings, store: Any) -> Any:
     """GW-01: Namespace objects from the config directory, or a list+watch of the cluster's."""
     from gateway.sources.namespaces import ClusterNamespaces, FileNamespaces
 
@@ -414,19 +451,19 @@ async def _namespace_source(nursery: trio.Nursery, options: Namespace, store: An
     return source
 
 
-def _overload_gate(options: Namespace, observer: Any) -> Any:
+def _overload_gate(options: ServeSettings, observer: Any) -> Any:
     """Overload shedding when --shed-max-in-flight or --shed-max-event-loop-lag is given."""
     from gateway.resilience import ShedPolicy
     from gateway.server.overload import OverloadGate
 
     policy = ShedPolicy(
-        max_in_flight=getattr(options, "shed_max_in_flight", None),
-        max_event_loop_lag=getattr(options, "shed_max_event_loop_lag", None),
+        max_in_flight=options.shed_max_in_flight,
+        max_event_loop_lag=options.shed_max_event_loop_lag,
     )
     return OverloadGate(policy, on_shed=observer.review_shed) if policy.enabled else None
 
 
-def _endpoint_slices(nursery: trio.Nursery, options: Namespace, caller: Any, snapshot: Snapshot) -> Any:
+def _endpoint_slices(nursery: trio.Nursery, options: ServeSettings, caller: Any, snapshot: Snapshot) -> Any:
     """With cluster access, service backends are balanced over their EndpointSlices (else DNS)."""
     if options.namespace_source != "cluster":
         return None
@@ -465,6 +502,11 @@ class _MetricsOnly:
         self.app = app
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/metrics" and scope["method"] in ("GET", "HEAD"):
+            rendered = self.app.observer.metrics()
+            if rendered is not None:
+                await self.app.respond_metrics(send, rendered)
+                return
         if scope["type"] == "http" and scope["path"] not in ("/metrics", "/healthz", "/readyz"):
             body = b"not found\n"
             await send(
@@ -479,16 +521,15 @@ class _MetricsOnly:
         await self.app(scope, receive, send)
 
 
-def _conversion_service(caller: Any, options: Namespace, observer: Observability) -> Any:
+def _conversion_service(caller: Any, options: ServeSettings, observer: Observability) -> Any:
     """CRD conversion (CNV-01..15) over the admission backends' transport, with the opt-in cache."""
     from gateway.conversion.cache import CacheSettings, ConversionCache
     from gateway.conversion.convert import ConversionService, SharedTransport
 
-    defaults = CacheSettings()
     settings = CacheSettings(
-        ttl_seconds=getattr(options, "conversion_cache_ttl", None) or defaults.ttl_seconds,
-        max_entries=getattr(options, "conversion_cache_max_entries", None) or defaults.max_entries,
-        max_bytes=getattr(options, "conversion_cache_max_bytes", None) or defaults.max_bytes,
+        ttl_seconds=options.conversion_cache_ttl,
+        max_entries=options.conversion_cache_max_entries,
+        max_bytes=options.conversion_cache_max_bytes,
     )
     return ConversionService(
         SharedTransport(caller),

@@ -52,9 +52,8 @@ import signal
 import socket
 import sys
 import tempfile
-from argparse import Namespace
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -68,9 +67,10 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, GatewayError, ListenError, startup_failure
 from gateway.observability import Metrics, Observability
 from gateway.observability.metrics import PREFIX, HistogramChild
+from gateway.settings import ServeSettings
 from gateway.sources.namespaces import Backoff
 
 if TYPE_CHECKING:
@@ -176,9 +176,9 @@ def _v1_limit(directory: Path) -> Iterator[float]:
         yield quota / period
 
 
-def worker_count(options: Namespace) -> int:
+def worker_count(options: ServeSettings) -> int:
     """``--workers``, or one per available CPU when it is not given (or 0)."""
-    wanted = getattr(options, "workers", None)
+    wanted = options.workers
     if wanted is not None and wanted < 0:
         raise SystemExit(f"--workers: {wanted} is not a number of processes (0: one per CPU)")
     return int(wanted) if wanted else available_cpus()
@@ -418,11 +418,12 @@ def worker_main() -> int:
     from gateway.observability import configure_logging
 
     spec = msgspec.json.decode(os.environ.pop(SPEC_ENV), type=WorkerSpec)
-    options = Namespace(**spec.options)
-    options.bind = f"fd://{spec.bind_fd}"
-    if spec.metrics_fd is not None:
-        options.metrics_bind = f"fd://{spec.metrics_fd}"
-    options.workers = 1
+    options = replace(
+        ServeSettings(**spec.options),
+        bind=f"fd://{spec.bind_fd}",
+        metrics_bind=f"fd://{spec.metrics_fd}" if spec.metrics_fd is not None else None,
+        workers=1,
+    )
     configure_logging(options.log_level, options.log_format)
     structlog.contextvars.bind_contextvars(worker=spec.slot)
     run = RunDirectory(Path(spec.run_dir), spec.workers)
@@ -442,11 +443,20 @@ def worker_main() -> int:
         return EXIT_CONFIG_REFUSED
     except KeyboardInterrupt:
         return 130
+    except BaseException as exc:
+        line = startup_failure(exc)
+        if line is None:
+            raise
+        # Every worker meets the same failure: the first to claim it prints the one line.
+        with contextlib.suppress(FileExistsError):
+            os.close(os.open(run.path / "startup-failure", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+            print(f"webhook-gateway: error: {line}", file=sys.stderr)
+        return 1
     return 0
 
 
 async def _run_worker(
-    options: Namespace, observer: WorkerObservability, run: RunDirectory, spec: WorkerSpec
+    options: ServeSettings, observer: WorkerObservability, run: RunDirectory, spec: WorkerSpec
 ) -> None:
     from gateway.server.app import Readiness  # here: the supervisor does not load the server
     from gateway.server.serve import Running, serve
@@ -536,17 +546,26 @@ def _run_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="webhook-gateway-", dir=base))
 
 
-def supervise(options: Namespace, workers: int) -> int:
+def _listen(bind: str) -> socket.socket:
+    try:
+        return listen(bind)
+    except OSError as exc:
+        raise ListenError(bind, exc) from None
+    except ValueError as exc:
+        raise GatewayError(f"cannot listen on {bind}: {exc}") from None
+
+
+def supervise(options: ServeSettings, workers: int) -> int:
     """Run ``workers`` gateway processes until SIGTERM/SIGINT; the process exit code."""
     from gateway.observability import configure_logging
 
     configure_logging(options.log_level, options.log_format)
+    main = _listen(options.bind)  # ListenError: the command prints it as one line
     try:
-        main = listen(options.bind)
-        metrics = listen(options.metrics_bind) if options.metrics_bind else None
-    except (OSError, ValueError) as exc:
-        log.error("cannot listen", bind=options.bind, metrics_bind=options.metrics_bind, error=str(exc))
-        return 1
+        metrics = _listen(options.metrics_bind) if options.metrics_bind else None
+    except BaseException:
+        main.close()
+        raise
     run_dir = _run_dir()
     try:
         run = RunDirectory(run_dir, workers)
@@ -567,7 +586,7 @@ class _Slot:
 
 
 async def _supervise(
-    options: Namespace, run: RunDirectory, main: socket.socket, metrics: socket.socket | None
+    options: ServeSettings, run: RunDirectory, main: socket.socket, metrics: socket.socket | None
 ) -> int:
     slots = [_Slot(i) for i in range(run.workers)]
     run.write_state(SupervisorState(run.workers, [0] * run.workers))
@@ -580,7 +599,7 @@ async def _supervise(
         "supervisor": os.getpid(),
         "bind_fd": main.fileno(),
         "metrics_fd": metrics.fileno() if metrics is not None else None,
-        "options": {k: v for k, v in vars(options).items() if _plain(v)},
+        "options": {k: v for k, v in asdict(options).items() if _plain(v)},
     }
     fds = [main.fileno()] + ([metrics.fileno()] if metrics is not None else [])
     log.info(

@@ -73,6 +73,25 @@ class FakeKubeAPI:
     objects: dict[str, dict[str, Any]] = field(default_factory=dict)  # object path -> object
     writes: list[tuple[str, str, int]] = field(default_factory=list)  # (method, path, status)
     interfere: dict[str, int] = field(default_factory=dict)  # path -> next PUTs raced by another writer
+    # Other resources, for list requests only (audit): list path → (List kind, items). Add them with
+    # ``add_object``; namespaced lists are served both per namespace and across all namespaces.
+    listed: dict[str, tuple[str, list[dict[str, Any]]]] = field(default_factory=dict)
+    methods: list[str] = field(default_factory=list)  # every request's method, in order
+
+    def add_object(self, prefix: str, resource: str, obj: dict[str, Any]) -> None:
+        """Serve ``obj`` in the lists of ``prefix`` (``/api/v1``, ``/apis/apps/v1``) and ``resource``."""
+        self.rv += 1
+        obj = {
+            **obj,
+            "metadata": {"resourceVersion": str(self.rv), "uid": f"uid-{self.rv}", **obj["metadata"]},
+        }
+        list_kind = obj["kind"] + "List"
+        paths = [f"{prefix}/{resource}"]
+        namespace = obj["metadata"].get("namespace")
+        if namespace:
+            paths.append(f"{prefix}/namespaces/{namespace}/{resource}")
+        for path in paths:
+            self.listed.setdefault(path, (list_kind, []))[1].append(obj)
 
     # -- state changes, as the apiserver would record them --
 
@@ -248,6 +267,7 @@ class FakeKubeAPI:
         query = dict(urllib.parse.parse_qsl(target.query))
         headers = {k.decode().lower(): v.decode() for k, v in request.headers}
         self.requests.append((target.path, query, headers))
+        self.methods.append(request.method.decode())
         if headers.get("authorization") != f"Bearer {self.token}":
             await self.reply(conn, stream, 401, status_doc(401, "Unauthorized", "Unauthorized"))
             return
@@ -258,6 +278,9 @@ class FakeKubeAPI:
                 f'webhook-gateway" cannot get resource "namespaces" in API group "" at the cluster scope'
             )
             await self.reply(conn, stream, 403, status_doc(403, "Forbidden", msg))
+            return
+        if target.path in self.listed:
+            await self.list_objects(conn, stream, target.path, query)
             return
         if target.path.startswith(SLICES_PREFIX) and target.path.endswith("/endpointslices"):
             namespace = target.path.removeprefix(SLICES_PREFIX).removesuffix("/endpointslices")
@@ -381,6 +404,22 @@ class FakeKubeAPI:
             meta["remainingItemCount"] = len(rest)
         body = {"kind": "NamespaceList", "apiVersion": "v1", "metadata": meta, "items": page}
         await self.reply(conn, stream, 200, body)
+
+    async def list_objects(
+        self, conn: h11.Connection, stream: trio.abc.Stream, path: str, query: dict[str, str]
+    ) -> None:
+        list_kind, all_items = self.listed[path]
+        start = int(query.get("continue", "0") or 0)
+        limit = int(query.get("limit", "0")) or len(all_items) or 1
+        items = [{k: v for k, v in o.items() if k not in ("kind", "apiVersion")} for o in all_items]
+        page = items[start : start + limit]
+        meta: dict[str, Any] = {"resourceVersion": str(self.rv)}
+        if start + limit < len(items):
+            meta["continue"] = str(start + limit)
+        api_version = all_items[0]["apiVersion"] if all_items else "v1"
+        await self.reply(
+            conn, stream, 200, {"kind": list_kind, "apiVersion": api_version, "metadata": meta, "items": page}
+        )
 
     async def watch(self, conn: h11.Connection, stream: trio.abc.Stream, query: dict[str, str]) -> None:
         if self.watch_gone_http:

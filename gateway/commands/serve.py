@@ -1,0 +1,334 @@
+"""``webhook-gateway [serve]``: serve /validate and /mutate in front of the configured backends."""
+
+from __future__ import annotations
+
+import argparse
+
+from gateway.commands.options import Parser, add_option, fail
+from gateway.errors import leaves, startup_failure
+from gateway.settings import SERVE_DEFAULTS as D
+from gateway.settings import ServeSettings
+
+SUMMARY = "serve /validate and /mutate (the default command)"
+
+
+def build_parser(prog: str, *, usage: str | None = None, epilog: str | None = None) -> Parser:
+    p = Parser(
+        prog=prog,
+        usage=usage,
+        description="Serve /validate and /mutate in front of the backend webhooks configured in --config.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=epilog,
+    )
+    g = p.add_argument_group("serving")
+    add_option(
+        g,
+        "--config",
+        help="directory of Validating/MutatingWebhookConfiguration and Namespace files",
+        default=D.config,
+    )
+    add_option(g, "--bind", help="HOST:PORT to serve HTTP/1.1 and HTTP/2 on", default=D.bind)
+    add_option(
+        g, "--certfile", help="serving certificate (PEM); with --keyfile enables TLS (ALPN h2, http/1.1)"
+    )
+    add_option(g, "--keyfile", help="serving private key (PEM)")
+    add_option(
+        g, "--client-ca", help="CA bundle (PEM): require and verify client certificates (the apiserver)"
+    )
+    add_option(g, "--metrics-bind", help="serve /metrics (and /healthz) on a separate plaintext HOST:PORT")
+    add_option(g, "--validate-path", help="path of the validating endpoint", default=D.validate_path)
+    add_option(g, "--mutate-path", help="path of the mutating endpoint", default=D.mutate_path)
+    add_option(
+        g,
+        "--max-request-bytes",
+        help="largest accepted review body (HTTP 413 above)",
+        type=int,
+        default=D.max_request_bytes,
+    )
+    add_option(
+        g,
+        "--drain-seconds",
+        help="after SIGTERM: keep serving (readyz 503) this long before closing",
+        type=float,
+        default=D.drain_seconds,
+    )
+    add_option(
+        g,
+        "--shutdown-timeout",
+        help="then wait at most this long for in-flight reviews",
+        type=float,
+        default=D.shutdown_timeout,
+    )
+    add_option(
+        g,
+        "--config-poll-seconds",
+        help="how often the config directory and TLS files are checked",
+        type=float,
+        default=D.config_poll_seconds,
+    )
+    add_option(
+        g,
+        "--allow-empty-config",
+        action="store_true",
+        help="accept a configuration with no webhooks (otherwise refused: it would turn every policy off)",
+    )
+    add_option(
+        g,
+        "--workers",
+        help="worker processes sharing the listening socket (1: a single process, no supervisor)",
+        type=int,
+        shown_default="one per CPU this process may use, from its CPU affinity and cgroup CPU quota",
+    )
+
+    i = p.add_argument_group("inbound connections (docs/inbound.md)")
+    add_option(
+        i,
+        "--header-read-timeout",
+        help="close a connection whose request head has not fully arrived this long after it "
+        "started (or after the connection opened); seconds",
+        type=float,
+        default=D.header_read_timeout,
+    )
+    add_option(
+        i,
+        "--body-read-timeout",
+        help="give up on a request body not fully received this long after its head (and never "
+        "later than the caller's ?timeout=); seconds",
+        type=float,
+        default=D.body_read_timeout,
+    )
+    add_option(
+        i,
+        "--idle-timeout",
+        help="close a keep-alive connection idle this long (above the apiserver's 90 s); seconds",
+        type=float,
+        default=D.idle_timeout,
+    )
+    add_option(
+        i,
+        "--write-timeout",
+        help="close a connection that does not take a reply (TCP or HTTP/2 window) within; seconds",
+        type=float,
+        default=D.write_timeout,
+    )
+    add_option(
+        i,
+        "--max-inbound-connections",
+        help="refuse connections beyond this many open ones (0: the file-descriptor limit minus "
+        "--fd-reserve, at most 4096)",
+        type=int,
+        default=D.max_inbound_connections,
+    )
+    add_option(
+        i,
+        "--fd-reserve",
+        help="file descriptors kept for backend connections and files when "
+        "--max-inbound-connections is 0 (at most half the limit)",
+        type=int,
+        default=D.fd_reserve,
+    )
+    add_option(
+        i,
+        "--h2-control-frame-burst",
+        help="HTTP/2 control frames (SETTINGS, PING, RST_STREAM, WINDOW_UPDATE, PRIORITY, "
+        "CONTINUATION, empty DATA) a connection may send at once before GOAWAY ENHANCE_YOUR_CALM",
+        type=int,
+        default=D.h2_control_frame_burst,
+    )
+    add_option(
+        i,
+        "--h2-control-frame-rate",
+        help="and per second after that",
+        type=float,
+        default=D.h2_control_frame_rate,
+    )
+
+    d = p.add_argument_group("dispatch")
+    add_option(
+        d,
+        "--default-timeout",
+        help="budget when the caller sends no ?timeout= (seconds)",
+        type=float,
+        default=D.default_timeout,
+    )
+    add_option(
+        d,
+        "--deadline-margin",
+        help="answer this many seconds before the caller's timeout",
+        type=float,
+        default=D.deadline_margin,
+    )
+    add_option(
+        d,
+        "--patch-mode",
+        help="combined patch: concatenation of backend patches, or a computed diff",
+        choices=("concat", "diff"),
+        default=D.patch_mode,
+    )
+    add_option(
+        d,
+        "--audit-patches",
+        help="also return patch.round_<r>_index_<i> audit annotations",
+        action="store_true",
+    )
+    add_option(
+        d,
+        "--include-virtual-resources",
+        action="store_true",
+        help="send token/subject-access reviews to backends too (older apiservers did)",
+    )
+    add_option(
+        d,
+        "--strict-https",
+        action="store_true",
+        help="refuse http:// backend URLs even on loopback (upstream's rule)",
+    )
+
+    r = p.add_argument_group("overload (docs/resilience.md)")
+    add_option(
+        r,
+        "--shed-max-in-flight",
+        type=int,
+        help="answer reviews at once, as if every backend had a call error, while this many are in flight",
+    )
+    add_option(
+        r,
+        "--shed-max-event-loop-lag",
+        type=float,
+        help="the same while the event loop runs more than this many seconds late",
+    )
+
+    t = p.add_argument_group("backends")
+    add_option(t, "--backend-kubeconfig", help="kubeconfig-format file with per-host backend credentials")
+    add_option(
+        t,
+        "--max-backend-response-bytes",
+        help="largest accepted backend reply",
+        type=int,
+        default=D.max_backend_response_bytes,
+    )
+    add_option(
+        t,
+        "--max-connections-per-backend",
+        help="connection pool bound per backend origin",
+        type=int,
+        default=D.max_connections_per_backend,
+    )
+
+    n = p.add_argument_group("namespaces")
+    add_option(
+        n,
+        "--namespace-source",
+        choices=("config", "cluster"),
+        default=D.namespace_source,
+        help="where namespaceSelector labels come from: Namespace objects in --config, or a watch",
+    )
+    add_option(n, "--kubeconfig", help="kubeconfig for --namespace-source=cluster (default: in-cluster)")
+    add_option(
+        n,
+        "--unknown-namespace",
+        choices=("notFound", "emptyLabels"),
+        default=D.unknown_namespace,
+        help="file mode: a namespace without a Namespace object is 404, or has no labels",
+    )
+
+    s = p.add_argument_group("self-managed registration (docs/deploy.md)")
+    add_option(
+        s,
+        "--manage-registration",
+        action="store_true",
+        help="when ready and elected (a Lease), create and keep the gateway's own registrations "
+        "(uses --kubeconfig or the pod's service account)",
+    )
+    add_option(
+        s,
+        "--registration-ca-bundle",
+        help="CA bundle for the registrations' caBundle (default: ca.crt next to --certfile)",
+    )
+    add_option(
+        s,
+        "--registration-namespace",
+        help="the gateway's namespace (Service, Lease)",
+        default=D.registration_namespace,
+    )
+    add_option(s, "--registration-service", help="the gateway's Service", default=D.registration_service)
+
+    c = p.add_argument_group("CRD conversion cache (CRDs annotated webhook-gateway.io/conversion-cache)")
+    add_option(
+        c,
+        "--conversion-cache-ttl",
+        type=float,
+        default=D.conversion_cache_ttl,
+        help="seconds a converted object is kept",
+    )
+    add_option(
+        c,
+        "--conversion-cache-max-entries",
+        type=int,
+        default=D.conversion_cache_max_entries,
+        help="most converted objects kept",
+    )
+    add_option(
+        c,
+        "--conversion-cache-max-bytes",
+        type=int,
+        default=D.conversion_cache_max_bytes,
+        help="most bytes of converted objects kept",
+    )
+
+    o = p.add_argument_group("observability")
+    add_option(
+        o, "--log-level", choices=("debug", "info", "warning", "error"), default=D.log_level, help="log level"
+    )
+    add_option(o, "--log-format", choices=("json", "console"), default=D.log_format, help="log format")
+    add_option(o, "--log-bodies", action="store_true", help="debug: include review bodies in logs")
+    add_option(o, "--no-metrics", action="store_true", help="disable Prometheus metrics")
+    add_option(o, "--no-review-log", action="store_true", help="disable the per-review canonical log line")
+    return p
+
+
+def settings(options: argparse.Namespace) -> ServeSettings:
+    return ServeSettings.from_options(options)
+
+
+def run(options: ServeSettings) -> int:
+    """Run the gateway until SIGTERM/SIGINT; exit 2 if the configuration is refused at start-up."""
+    from functools import partial
+
+    import trio
+
+    from gateway.errors import ConfigError, GatewayError
+    from gateway.observability import Observability, configure_logging
+    from gateway.server.workers import supervise, worker_count
+
+    if options.workers is not None and options.workers < 0:
+        return fail(f"--workers: {options.workers} is not a number of processes (0: one per CPU)", 2)
+    if (workers := worker_count(options)) > 1:
+        try:
+            return supervise(options, workers)  # N worker processes on one listening socket
+        except GatewayError as exc:  # cannot listen: one line, as for a single process
+            return fail(str(exc))
+    from gateway.server.serve import serve as run_server
+
+    configure_logging(options.log_level, options.log_format)
+    observer = Observability(
+        metrics=not options.no_metrics,
+        review_log=not options.no_review_log,
+        log_bodies=options.log_bodies,
+    )
+    try:
+        trio.run(partial(run_server, options, observer=observer))
+    except KeyboardInterrupt:
+        return 130
+    except ConfigError:
+        return 2  # every problem was logged, one line each
+    except BaseException as exc:
+        if any(isinstance(leaf, ConfigError) for leaf in leaves(exc)):
+            return 2
+        if any(isinstance(leaf, KeyboardInterrupt) for leaf in leaves(exc)):
+            return 130
+        line = startup_failure(exc)
+        if line is None:
+            raise
+        return fail(line)
+    return 0

@@ -1,0 +1,84 @@
+"""The documentation lives in the repository (issue 16 §1): every statement ID a user can see resolves to
+an anchor in docs/behaviour.md, nothing user-facing points outside the repository, every option is in
+the configuration reference, and the README installs what CI installs."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import pytest
+
+from gateway.cli import COMMANDS, _command
+
+REPO = Path(__file__).resolve().parent.parent
+ID = re.compile(r"\b(?:CFG|ORD|MAT|REV|MUT|VAL|FPT|ERR|AUD|TRN|MET|CNV|GW)-\d{2}\b")
+USER_FACING = ["gateway", "deploy", "docs", "loadtests", "README.md", "Dockerfile"]
+TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".json", ".txt", ""}
+
+
+def _files() -> list[Path]:
+    found = []
+    for name in USER_FACING:
+        path = REPO / name
+        candidates = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+        found += [p for p in candidates if p.suffix in TEXT_SUFFIXES and "__pycache__" not in p.parts]
+    return found
+
+
+def test_every_statement_id_shown_resolves_to_an_anchor() -> None:
+    """CLI messages, metric help, manifest comments and docs cite IDs; each has an anchor in behaviour.md."""
+    behaviour = (REPO / "docs" / "behaviour.md").read_text()
+    anchors = set(re.findall(r'<a id="([a-z]+-\d{2})"></a>', behaviour))
+    missing = {}
+    for path in _files():
+        for found in ID.findall(path.read_text(errors="replace")):
+            if found.lower() not in anchors:
+                missing.setdefault(found, str(path.relative_to(REPO)))
+    assert not missing, f"IDs without an anchor in docs/behaviour.md: {missing}"
+
+
+def test_behaviour_links_resolve() -> None:
+    """Links to behaviour.md#anchor from the docs and README land on an anchor that exists."""
+    behaviour = (REPO / "docs" / "behaviour.md").read_text()
+    anchors = set(re.findall(r'<a id="([^"]+)"></a>', behaviour))
+    anchors |= {
+        re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-")
+        for h in re.findall(r"^#+ (.*)$", behaviour, re.M)
+    }
+    broken = []
+    for path in [REPO / "README.md", *(REPO / "docs").glob("*.md")]:
+        for target in re.findall(r"\((?:behaviour\.md|docs/behaviour\.md)?#([a-z0-9-]+)\)", path.read_text()):
+            if path.name != "behaviour.md" and "behaviour.md#" + target not in path.read_text():
+                continue  # an anchor of the document itself
+            if target not in anchors:
+                broken.append(f"{path.name}: #{target}")
+    assert not broken
+
+
+@pytest.mark.parametrize("needle", ["shared/spec", "admission-semantics", "../shared"])
+def test_nothing_user_facing_points_outside_the_repository(needle: str) -> None:
+    offenders = [str(p.relative_to(REPO)) for p in _files() if needle in p.read_text(errors="replace")]
+    assert not offenders
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_option_is_in_the_configuration_reference(command: str) -> None:
+    reference = (REPO / "docs" / "configuration.md").read_text()
+    parser = _command(command).build_parser(f"webhook-gateway {command}")
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        for flag in action.option_strings:
+            assert f"`{flag}`" in reference, f"{command} {flag} is not in docs/configuration.md"
+
+
+def test_readme_installs_what_ci_installs() -> None:
+    """The README's test command installs the same extras as .ci/run (else --plot fails after a whole run)."""
+    ci = (REPO / ".ci" / "run").read_text()
+    readme = (REPO / "README.md").read_text()
+    (ci_extras,) = re.findall(r"pip install [^\n]*\.\[([a-z,]+)\]", ci)
+    readme_extras = re.findall(r"pip install -e '\.\[([a-z,]+)\]' && python -m pytest", readme)
+    assert readme_extras == [ci_extras]
+    assert ci.rstrip().endswith("python -m pytest")
