@@ -14,8 +14,10 @@ import msgspec
 import pytest
 
 from gateway.admission import Status
+from gateway.config.backend_policy import BackendMode
 from gateway.config.model import FailurePolicy, Webhook
 from gateway.dispatch.outcome import (
+    Admission,
     Allowed,
     CallFailed,
     DispatchSettings,
@@ -225,25 +227,31 @@ def test_not_enforced_outcomes_are_recorded_but_never_deny() -> None:
 
 
 class RefuseOne:
-    """A backend policy (the seam for circuit breakers): refuses calls to one backend, or enforces
-    nothing for it; records what it was told."""
+    """A backend policy (the seam for circuit breakers): refuses calls to one backend, or runs it
+    in Warn mode (recorded, never enforced); records what it was told."""
 
     def __init__(self, name: str, *, refuse: bool = True) -> None:
         self.name, self.refuse = name, refuse
         self.seen: list[tuple[str, str]] = []
 
-    def admit(self, hook: Webhook) -> CallingWebhookError | None:
+    def admit(self, hook: Webhook) -> CallingWebhookError | Admission:
         if self.refuse and hook.name == self.name:
             return CallingWebhookError(
                 "failed to call webhook: circuit open", status_code=503, kind="refused"
             )
-        return None
+        seen = self.seen
 
-    def settled(self, hook: Webhook, outcome: Outcome) -> None:
-        self.seen.append((hook.name, type(outcome).__name__))
+        class Told:
+            def settled(self, outcome: Outcome) -> None:
+                seen.append((hook.name, type(outcome).__name__))
 
-    def enforced(self, hook: Webhook) -> bool:
-        return self.refuse or hook.name != self.name
+            def abandoned(self) -> None:
+                seen.append((hook.name, "abandoned"))
+
+        return Told()
+
+    def mode(self, hook: Webhook) -> BackendMode:
+        return "Enforce" if self.refuse or hook.name != self.name else "Warn"
 
 
 SEAM_TABLE: list[Any] = [
