@@ -137,17 +137,11 @@ async def _invoke(
         error = pre_error
         if error is None and trio.current_time() >= deadline:  # VAL-10
             error = deadline_exceeded(backends.caller, hook)
-        admission = None
-        if error is None:
-            admitted = backends.policy.admit(hook)  # the backend policy seam (see gateway.dispatch.outcome)
-            if isinstance(admitted, CallingWebhookError):
-                error = admitted
-            else:
-                admission = admitted
-        if error is not None or admission is None:
-            assert error is not None
+        # the backend policy seam (see gateway.dispatch.outcome): a refusal is the call's error
+        admission = backends.policy.admit(hook) if error is None else error
+        if isinstance(admission, CallingWebhookError):
             at = Invocation(hook, seconds=clock() - started, position=position, mode=mode)
-            return CallFailed(at, error)
+            return CallFailed(at, admission)
         try:
             called = await call_backend(
                 backends.caller, hook, inbound, attrs, deadline=deadline, mutating=False
