@@ -319,3 +319,25 @@ async def test_shadow_calls_are_bounded_in_number(autojump_clock: Any) -> None:
     assert "shadow calls already in flight" in results[0].message
     assert [name for name, _, _ in backends.calls].count("slow.example.com") == 1
     assert msgspec.json.encode(results[1].webhook) == b'"slow.example.com"'
+
+
+async def test_a_call_cancelled_by_the_caller_gives_its_bulkhead_slot_back(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """maxInFlight 1: the caller of the first review goes away mid-call; the cancelled call frees its
+    slot (it is abandoned, not leaked), so the next review's call is made and allowed."""
+    server = await backend(nursery)
+    slow = hook("slow.example.com", f"http://127.0.0.1:{server.port}/sleep/1000/allow")
+    write(tmp_path / "c", VALIDATING, [slow], '"*": {maxInFlight: 1}')
+    running = await _gateway_with_metrics(nursery, tmp_path / "c")
+    leaving = await gateway_client(running)
+    with trio.move_on_after(0.3):
+        await leaving.post("/validate", json.dumps(review(pod())).encode())
+    await leaving.aclose()
+    pool = running.app.dispatcher.caller.pool  # type: ignore[attr-defined]
+    with trio.fail_after(5):  # the cancelled call's connection is closed: the call is over
+        while sum(pool.open_connections().values()):
+            await trio.sleep(0.02)
+    answer = await ask(running, VALIDATING)
+    assert answer["allowed"] is True, answer
+    assert len(server.calls) == 2
