@@ -341,3 +341,24 @@ async def test_a_call_cancelled_by_the_caller_gives_its_bulkhead_slot_back(
     answer = await ask(running, VALIDATING)
     assert answer["allowed"] is True, answer
     assert len(server.calls) == 2
+
+
+async def test_a_shed_review_makes_no_shadow_calls(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """--shed-max-event-loop-lag: a review shed for overload calls no backend, its Shadow-mode one
+    neither; the shadow result is an error naming the overload."""
+    import time
+
+    server = await backend(nursery)
+    enforced = hook("enforced.example.com", f"http://127.0.0.1:{server.port}/allow", failurePolicy="Ignore")
+    shadow = hook("shadow.example.com", f"http://127.0.0.1:{server.port}/deny")
+    write(tmp_path / "c", VALIDATING, [enforced, shadow], "shadow.example.com: {mode: Shadow}")
+    running = await _gateway_with_metrics(nursery, tmp_path / "c", "--shed-max-event-loop-lag", "0.1")
+    client = await gateway_client(running)
+    time.sleep(0.5)  # block the event loop: the lag probe wakes at least 0.4 s late
+    got = await client.post("/validate", json.dumps(review(pod())).encode())
+    assert got is not None and got.json["response"]["allowed"] is True
+    expected = 'webhook_gateway_shadow_decisions_total{outcome="error",webhook="shadow.example.com"} 1.0'
+    with trio.fail_after(10):
+        while expected not in await scrape(running):
+            await trio.sleep(0.02)
+    assert server.calls == []

@@ -71,8 +71,22 @@ class ShadowCalls:
                 ShadowResult(hook.name, hook.configuration, hook.kind, "error", message, 0.0, review_uid)
             )
             return
+        try:
+            self._nursery.start_soon(self._run, hook, run, review_uid)
+        except RuntimeError:  # the server's nursery is closed: the gateway is shutting down
+            self._report(
+                ShadowResult(
+                    hook.name,
+                    hook.configuration,
+                    hook.kind,
+                    "error",
+                    "not called: shutting down",
+                    0.0,
+                    review_uid,
+                )
+            )
+            return
         self.in_flight += 1
-        self._nursery.start_soon(self._run, hook, run, review_uid)
 
     async def _run(self, hook: Webhook, run: Callable[[], Awaitable[Outcome]], review_uid: str) -> None:
         started = self._clock()
