@@ -34,7 +34,9 @@ def parser() -> argparse.ArgumentParser:
         epilog="scenarios:\n"
         + "\n".join(f"  {k:<12} {v}" for k, v in SCENARIOS.items())
         + "\n  convert      CRD conversion, 1/10/500 objects per review, with and without the cache "
-        "(python -m loadtests convert --help)",
+        "(python -m loadtests convert --help)"
+        + "\n  endpoints    a service backend balanced over 3 pods vs pinned to one "
+        "(python -m loadtests endpoints --help)",
     )
     p.add_argument(
         "scenario",
@@ -145,6 +147,10 @@ def options(args: argparse.Namespace) -> Options:
 def main(argv: list[str] | None = None) -> int:
     """Run one scenario, print the table, write JSON/PNG; exit 1 when any answer was wrong."""
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["endpoints"]:  # a service backend over several pods: its own driver
+        from loadtests.endpoints import main as endpoints_main
+
+        return endpoints_main(argv[1:])
     if argv[:1] == ["convert"]:  # CRD conversion: a scenario with its own driver
         from loadtests.convert import main as convert_main
 

@@ -28,6 +28,7 @@ class BackendSpec:
     slow_only: bool = False  # objectSelector: only reviews of class "slow" match
     dead: bool = False  # nothing listens at its URL
     delay_ms: float | None = None  # its own fixed delay, replacing the run's latency distribution
+    mode: str = "Enforce"  # Shadow: called, never used (its answer is not expected)
 
     @property
     def label(self) -> str | None:
@@ -89,6 +90,8 @@ SCENARIOS: dict[str, str] = {
     "backend-down": "1 live validating backend + 1 stalled one (timeout 2s, Ignore) behind a circuit breaker",
     "overload": "1 validating backend (20 ms, Ignore) to drive past capacity (add --gateway-arg=--shed-...)",
     "backend-down-off": "backend-down without the circuit breaker: every review waits for the stalled one",
+    "shadow": "1 live validating backend + 1 new one in Shadow mode that denies after 100 ms",
+    "shadow-off": "shadow with the new backend enforcing: every review waits for it and is denied",
 }
 
 
@@ -140,6 +143,18 @@ def build(
             else '"*": {circuitBreaker: {consecutiveFailures: 5, openSeconds: 10}}'
         )
         return Scenario(name, desc, (*_validating(backends or 1), stalled), backend_policy=policy)
+    elif name in ("shadow", "shadow-off"):
+        off = name.endswith("-off")
+        new = BackendSpec(
+            f"new-check.{DOMAIN}",
+            "validating",
+            "deny",
+            timeout_seconds=2,
+            delay_ms=100,
+            mode="Enforce" if off else "Shadow",
+        )
+        policy = "" if off else f"{new.name}: {{mode: Shadow}}"
+        return Scenario(name, desc, (*_validating(backends or 1), new), backend_policy=policy)
     else:  # pragma: no cover - argparse restricts the choices
         raise ValueError(name)
     return Scenario(name, desc, tuple(hooks))
@@ -228,6 +243,8 @@ def expect_gateway(scenario: Scenario, endpoint: str, cls: str) -> Expectation:
     labels: list[str] = []
     for spec in hooks:
         if spec.slow_only and cls != "slow":
+            continue
+        if spec.mode == "Shadow":  # its answer never reaches the caller
             continue
         fails = spec.dead or spec.times_out()
         if fails and spec.failure_policy == "Fail":

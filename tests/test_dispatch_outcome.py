@@ -14,8 +14,10 @@ import msgspec
 import pytest
 
 from gateway.admission import Status
+from gateway.config.backend_policy import BackendMode
 from gateway.config.model import FailurePolicy, Webhook
 from gateway.dispatch.outcome import (
+    Admission,
     Allowed,
     CallFailed,
     DispatchSettings,
@@ -29,6 +31,7 @@ from gateway.dispatch.outcome import (
     apply_failure_policy,
     not_enforced,
     settle,
+    shadow_result,
 )
 from gateway.dispatch.report import DispatchReport
 from gateway.errors import CallingWebhookError, MatchingError
@@ -225,25 +228,31 @@ def test_not_enforced_outcomes_are_recorded_but_never_deny() -> None:
 
 
 class RefuseOne:
-    """A backend policy (the seam for circuit breakers): refuses calls to one backend, or enforces
-    nothing for it; records what it was told."""
+    """A backend policy (the seam for circuit breakers): refuses calls to one backend, or runs it
+    in Warn mode (recorded, never enforced); records what it was told."""
 
     def __init__(self, name: str, *, refuse: bool = True) -> None:
         self.name, self.refuse = name, refuse
         self.seen: list[tuple[str, str]] = []
 
-    def admit(self, hook: Webhook) -> CallingWebhookError | None:
+    def admit(self, hook: Webhook) -> CallingWebhookError | Admission:
         if self.refuse and hook.name == self.name:
             return CallingWebhookError(
                 "failed to call webhook: circuit open", status_code=503, kind="refused"
             )
-        return None
+        seen = self.seen
 
-    def settled(self, hook: Webhook, outcome: Outcome) -> None:
-        self.seen.append((hook.name, type(outcome).__name__))
+        class Told:
+            def settled(self, outcome: Outcome) -> None:
+                seen.append((hook.name, type(outcome).__name__))
 
-    def enforced(self, hook: Webhook) -> bool:
-        return self.refuse or hook.name != self.name
+            def abandoned(self) -> None:
+                seen.append((hook.name, "abandoned"))
+
+        return Told()
+
+    def mode(self, hook: Webhook) -> BackendMode:
+        return "Enforce" if self.refuse or hook.name != self.name else "Warn"
 
 
 SEAM_TABLE: list[Any] = [
@@ -300,3 +309,64 @@ async def test_backend_policy_seam(endpoint: str, policy: str, refuse: bool, all
     assert ("guarded.example.com" in [name for name, _ in seam.seen]) is (
         not refuse
     )  # refused: never settled
+
+
+MODE_TABLE: list[Any] = [
+    pytest.param(
+        lambda h: Rejected(at(h, mode="Warn"), REFUSED, DENY), "Fail", False, ["a.example.com: no"],
+        id="Warn: a rejection allows with the warning <webhook>: <backend message>",
+    ),
+    pytest.param(
+        lambda h: CallFailed(at(h, mode="Warn"), ERROR), "Fail", True, [],
+        id="Warn: a call error under Fail fails open as under Ignore",
+    ),
+    pytest.param(
+        lambda h: Allowed(at(h, mode="Warn"), OK, withheld=[{"op": "add", "path": "/metadata/labels/x"}]),
+        "Fail", False, ["a.example.com: would have changed the object: add /metadata/labels/x"],
+        id="Warn: a withheld patch is a warning naming its operations",
+    ),
+    pytest.param(
+        lambda h: CallFailed(at(h, mode="Shadow"), ERROR), "Fail", False, [],
+        id="Shadow: a call error never fails the review and records no fail-open",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("make", "policy", "failed_open", "warnings"), MODE_TABLE)
+def test_rollout_modes_never_deny(
+    make: Any, policy: FailurePolicy, failed_open: bool, warnings: list[str]
+) -> None:
+    outcome = make(hook("a.example.com", 0, policy))
+    effect = apply_failure_policy(outcome, policy)
+    assert not effect.denies and effect.failed_open is failed_open
+    report = DispatchReport(kind="validating", operation="CREATE")
+    verdict = settle("validating", report, [outcome], DispatchSettings())
+    assert verdict.allowed and verdict.status is None
+    assert verdict.warnings == warnings
+    assert ("failed-open.validating.round_0_index_0" in verdict.audit_annotations) is failed_open
+
+
+SHADOW_RESULTS: list[Any] = [
+    pytest.param(lambda h: Allowed(at(h), OK), "allowed", "", id="allowed unchanged"),
+    pytest.param(
+        lambda h: Allowed(at(h), OK, withheld=[{"op": "add", "path": "/metadata/labels/x"}]),
+        "mutated", "would have changed the object: add /metadata/labels/x", id="a patch that would change",
+    ),
+    pytest.param(lambda h: Rejected(at(h), REFUSED, DENY), "denied", "no", id="a denial, with its message"),
+    pytest.param(lambda h: CallFailed(at(h), ERROR), "error", "connection refused", id="a call error"),
+    pytest.param(
+        lambda h: PatchFailed(at(h), OK, Status(code=500, message="bad patch")), "error", "bad patch",
+        id="a patch that cannot be applied is an error",
+    ),
+    pytest.param(
+        lambda h: DryRunRefused(at(h), Status(code=400, message="dry run")), "denied", "dry run",
+        id="a dry-run refusal would have denied",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("make", "label", "message"), SHADOW_RESULTS)
+def test_shadow_result_labels_and_would_be_messages(make: Any, label: str, message: str) -> None:
+    got_label, got_message = shadow_result(make(hook("a.example.com", 0)))
+    assert got_label == label
+    assert message in got_message

@@ -154,6 +154,16 @@ def mutation_key(round: int, index: int) -> str:
     return f"mutation.round_{round}_index_{index}"
 
 
+def mode_key(kind: Literal["mutating", "validating"], round: int, index: int) -> str:
+    """The key naming a backend that ran in a rollout mode (Warn, Shadow); Enforce has none."""
+    return f"mode.{kind}.round_{round}_index_{index}"
+
+
+def mode_value(configuration: str, webhook: str, mode: str) -> str:
+    """``{"configuration":…,"webhook":…,"mode":"Warn"}``."""
+    return _encoder.encode({"configuration": configuration, "webhook": webhook, "mode": mode}).decode()
+
+
 def patch_key(round: int, index: int) -> str:
     """AUD-06: the key carrying an applied patch (only with ``auditPatches: true``)."""
     return f"patch.round_{round}_index_{index}"

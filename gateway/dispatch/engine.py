@@ -27,6 +27,7 @@ from gateway.dispatch.invoke import Backends
 from gateway.dispatch.outcome import AdmitAll, BackendPolicy, DispatchSettings, PatchMode, Verdict
 from gateway.dispatch.ports import NamespaceLabelSource, NamespaceNotFoundError, WebhookCaller
 from gateway.dispatch.report import DispatchReport
+from gateway.dispatch.shadow import ShadowCalls
 from gateway.matching import (
     NamespaceLabels,
     NamespaceLookupFailed,
@@ -43,7 +44,8 @@ class Dispatcher:
     """Runs reviews against a Snapshot through a WebhookCaller. One instance serves every review.
 
     ``policy`` is the backend policy seam (``gateway.dispatch.outcome.BackendPolicy``): asked before
-    every call, told every outcome; the default admits everything.
+    every call, told every outcome; the default admits everything. ``shadow`` runs Shadow-mode
+    backends apart from the reviews (``gateway.dispatch.shadow``); without it they are not called.
     """
 
     def __init__(
@@ -54,11 +56,12 @@ class Dispatcher:
         *,
         clock: Callable[[], float] = time.perf_counter,
         policy: BackendPolicy | None = None,
+        shadow: ShadowCalls | None = None,
     ) -> None:
         self.caller = caller
         self.namespaces = namespaces
         self.settings = settings or DispatchSettings()
-        self.backends = Backends(caller=caller, policy=policy or AdmitAll(), clock=clock)
+        self.backends = Backends(caller=caller, policy=policy or AdmitAll(), clock=clock, shadow=shadow)
 
     async def validate(self, inbound: InboundReview, snapshot: Snapshot, *, deadline: float) -> Verdict:
         """VAL-01..10: match all, call the matching ones concurrently, combine in config order."""

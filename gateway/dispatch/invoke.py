@@ -8,17 +8,19 @@ is decided by the drivers and ``gateway.dispatch.outcome``. Also here: what both
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+import structlog
 import trio
 
 from gateway.admission import AdmissionAttributes
 from gateway.config.model import Webhook
 from gateway.config.plan import MatchPlan
-from gateway.dispatch.outcome import BackendPolicy
+from gateway.dispatch.outcome import BackendPolicy, Outcome
 from gateway.dispatch.ports import WebhookCaller
 from gateway.dispatch.report import ConditionRecord, DispatchReport
+from gateway.dispatch.shadow import ShadowCalls
 from gateway.dispatch.status import http_error_cause
 from gateway.errors import CallingWebhookError
 from gateway.matching import ConditionFacts, ConditionInputs, MatchDecision
@@ -31,6 +33,8 @@ from gateway.review import (
     new_request_uid,
     no_known_version_error,
 )
+
+log = structlog.get_logger("gateway.dispatch")
 
 # A hair of slack over the transport's own cancel scope: if the transport ever overran its
 # deadline (a bug), dispatch still answers in time.
@@ -56,11 +60,20 @@ def deadline_exceeded(caller: WebhookCaller, hook: Webhook) -> CallingWebhookErr
 
 @dataclass(frozen=True, slots=True)
 class Backends:
-    """What the drivers need to call backends: the caller, the backend policy seam, a clock."""
+    """What the drivers need to call backends: the caller, the backend policy seam, a clock, and
+    where Shadow-mode calls run (None: nowhere, they are recorded as not started)."""
 
     caller: WebhookCaller
     policy: BackendPolicy
     clock: Callable[[], float]
+    shadow: ShadowCalls | None = None
+
+    def start_shadow(self, hook: Webhook, run: Callable[[], Awaitable[Outcome]], *, review_uid: str) -> None:
+        """Run a Shadow-mode invocation apart from the review; it never delays the answer."""
+        if self.shadow is None:
+            log.warning("shadow call not started: no shadow runner", webhook=hook.name)
+            return
+        self.shadow.start(hook, run, review_uid=review_uid)
 
 
 async def call_backend(

@@ -8,6 +8,7 @@ the verdict, annotations and report from the outcomes once. No exception steers 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import msgspec
@@ -39,11 +40,10 @@ from gateway.dispatch.outcome import (
     Rejected,
     Verdict,
     apply_failure_policy,
-    not_enforced,
     settle,
 )
 from gateway.dispatch.reinvocation import ReinvocationState
-from gateway.dispatch.report import DispatchReport
+from gateway.dispatch.report import DispatchReport, ModeRecord
 from gateway.errors import CallingWebhookError
 from gateway.matching import Call, CallFailure, NamespaceLabels, Refuse, should_call
 from gateway.review import JSON_PATCH, InboundReview
@@ -67,8 +67,12 @@ class ChainObject:
         self.doc: Any = None
         self.patches: list[bytes] = []
 
-    def apply(self, hook: Webhook, called: Called, at: Invocation) -> Outcome:
-        """REV-11 / MUT-04..13: what a verified reply does to the chain."""
+    def apply(self, hook: Webhook, called: Called, at: Invocation, *, commit: bool = True) -> Outcome:
+        """REV-11 / MUT-04..13: what a verified reply does to the chain.
+
+        ``commit=False`` (a backend in Warn or Shadow mode): the patch is checked like any other but
+        not applied; the ops that would have changed the object come back as ``Allowed.withheld``.
+        """
         resp = called.response
         if not resp.allowed:  # MUT-13
             return Rejected(at, resp, status.rejection_status(hook.name, resp.status))
@@ -89,19 +93,21 @@ class ChainObject:
         if not ops:
             return Allowed(at, resp)
         try:
-            return self._apply(hook, ops, resp.patch, at, resp)
+            return self._apply(hook, ops, resp.patch, at, resp, commit=commit)
         except RecursionError:
             pass
         # An object nested deeper than Python's default recursion allows (up to the apiserver's
         # 10,000 levels): patched like any other; deeper still is refused, never a crash.
         with nesting_allowed():
             try:
-                return self._apply(hook, ops, resp.patch, at, resp)
+                return self._apply(hook, ops, resp.patch, at, resp, commit=commit)
             except RecursionError:
                 st = status.patch_failure_status(hook.name, "the object is nested too deeply to patch")
                 return PatchFailed(at, resp, st)
 
-    def _apply(self, hook: Webhook, ops: list[Any], raw: bytes, at: Invocation, resp: Any) -> Outcome:
+    def _apply(
+        self, hook: Webhook, ops: list[Any], raw: bytes, at: Invocation, resp: Any, *, commit: bool
+    ) -> Outcome:
         """MUT-06..12: apply all-or-nothing to the current object; internal errors deny with 500."""
         if is_null(self.attrs.object):  # MUT-06: DELETE carries no object to modify
             return PatchFailed(at, resp, status.patch_on_delete_status(hook.name))
@@ -127,6 +133,8 @@ class ChainObject:
             )
             return PatchFailed(at, resp, st)
         changed = not jsonpatch.json_equal(before, after)
+        if not commit:
+            return Allowed(at, resp, withheld=ops if changed else None)
         if changed:
             attrs = self.attrs.with_object(msgspec.Raw(_encode(after)))
             self.doc, self.attrs = after, attrs
@@ -186,9 +194,17 @@ async def mutate(
             if not isinstance(decision, Call | CallFailure):
                 continue
             report.matched += 1
+            pre_error = decision.error if isinstance(decision, CallFailure) else None
+            mode = backends.policy.mode(hook)
+            if mode != "Enforce":
+                report.modes.append(ModeRecord(hook.name, hook.configuration, mode, round_, hook.index))
+            if mode == "Shadow":  # called apart from the review on the object as it is here
+                _start_shadow(
+                    backends, hook, inbound, ChainObject(chain.attrs), pre_error=pre_error, round_=round_
+                )
+                continue
             if round_ == 1:
                 report.reinvoked.append(hook.name)
-            pre_error = decision.error if isinstance(decision, CallFailure) else None
             outcome = await _invoke(
                 backends,
                 hook,
@@ -211,6 +227,33 @@ async def mutate(
     return settle("mutating", report, outcomes, settings, patch=patch)
 
 
+def _start_shadow(
+    backends: Backends,
+    hook: Webhook,
+    inbound: InboundReview,
+    chain: ChainObject,
+    *,
+    pre_error: CallingWebhookError | None,
+    round_: int,
+) -> None:
+    """A Shadow-mode backend: its own copy of the chain so far, its own timeout, never applied."""
+
+    async def run() -> Outcome:
+        scratch = DispatchReport(kind="mutating", operation=chain.attrs.operation)
+        return await _invoke(
+            backends,
+            hook,
+            inbound,
+            chain,
+            pre_error=pre_error,
+            round_=round_,
+            report=scratch,
+            deadline=math.inf,
+        )
+
+    backends.start_shadow(hook, run, review_uid=inbound.uid)
+
+
 async def _invoke(
     backends: Backends,
     hook: Webhook,
@@ -222,33 +265,43 @@ async def _invoke(
     report: DispatchReport,
     deadline: float,
 ) -> Outcome:
-    """MUT-01: dry-run check, call, and what the reply does to the chain (REV-11)."""
+    """MUT-01: dry-run check, call, and what the reply does to the chain (REV-11).
+
+    A backend in a rollout mode (Warn, Shadow) never changes the chain: its patch is only checked.
+    """
+    mode = backends.policy.mode(hook)
     if chain.attrs.dry_run and hook.side_effects in SIDE_EFFECTS_REFUSED_ON_DRY_RUN:  # FPT-09
-        return DryRunRefused(Invocation(hook, round=round_), status.dry_run_status(hook.name))
+        return DryRunRefused(Invocation(hook, round=round_, mode=mode), status.dry_run_status(hook.name))
     clock = backends.clock
     started = clock()
     error = pre_error
     if error is None and trio.current_time() >= deadline:  # FPT-08: the budget ran out before the call
         report.deadline_exhausted = True
         error = deadline_exceeded(backends.caller, hook)
-    if error is None:
-        error = backends.policy.admit(hook)  # the backend policy seam (see gateway.dispatch.outcome)
     if error is not None:
-        return CallFailed(Invocation(hook, round=round_, seconds=clock() - started), error)
-    called = await call_backend(backends.caller, hook, inbound, chain.attrs, deadline=deadline, mutating=True)
-    outcome: Outcome
-    if isinstance(called, CallingWebhookError):
-        outcome = CallFailed(Invocation(hook, round=round_, seconds=clock() - started), called)
-    else:
-        at = Invocation(
-            hook,
-            round=round_,
-            seconds=clock() - started,
-            version=called.version,
-            backend_uid=called.backend_uid,
+        return CallFailed(Invocation(hook, round=round_, seconds=clock() - started, mode=mode), error)
+    admission = backends.policy.admit(hook)  # the backend policy seam (see gateway.dispatch.outcome)
+    if isinstance(admission, CallingWebhookError):
+        return CallFailed(Invocation(hook, round=round_, seconds=clock() - started, mode=mode), admission)
+    try:
+        called = await call_backend(
+            backends.caller, hook, inbound, chain.attrs, deadline=deadline, mutating=True
         )
-        outcome = chain.apply(hook, called, at)
-    backends.policy.settled(hook, outcome)
-    if not backends.policy.enforced(hook):  # a rollout mode: recorded, never denying
-        outcome = not_enforced(outcome)
+        outcome: Outcome
+        if isinstance(called, CallingWebhookError):
+            outcome = CallFailed(Invocation(hook, round=round_, seconds=clock() - started, mode=mode), called)
+        else:
+            at = Invocation(
+                hook,
+                round=round_,
+                seconds=clock() - started,
+                version=called.version,
+                backend_uid=called.backend_uid,
+                mode=mode,
+            )
+            outcome = chain.apply(hook, called, at, commit=mode == "Enforce")
+    except BaseException:
+        admission.abandoned()
+        raise
+    admission.settled(outcome)
     return outcome

@@ -10,14 +10,20 @@ The drivers (``validating``, ``mutating``) do the I/O and turn each backend invo
   the audit annotations (AUD-04..06) and warnings (AUD-07), and the ``DispatchReport`` that metrics
   and the review log line read (MET-02..06).
 
-Backend policy seam (circuit breaker, bulkhead, rollout modes): a ``BackendPolicy`` is asked
-``admit(hook)`` by the drivers before a call; a refusal is returned as the ``CallingWebhookError``
-the call would have failed with, so it becomes a ``CallFailed`` outcome governed by the backend's
-``failurePolicy`` like any other call error. After the invocation the driver hands the outcome to
-``settled(hook, outcome)`` (the breaker's bookkeeping). A rollout mode (Warn/Shadow) answers
-``enforced(hook)`` False: the driver marks the outcome (``not_enforced``), ``apply_failure_policy``
-then returns an ``Effect`` with ``enforced=False``, and ``settle`` records it (report, annotations)
-without letting it deny.
+Backend policy seam (circuit breaker, bulkhead, overload shedding, rollout modes): a
+``BackendPolicy`` is asked ``admit(hook)`` by the drivers before a call; a refusal is returned as
+the ``CallingWebhookError`` the call would have failed with, so it becomes a ``CallFailed`` outcome
+governed by the backend's ``failurePolicy`` like any other call error. Otherwise it returns an
+``Admission``, told exactly once how the call ended: ``settled(outcome)`` with every outcome of the
+call (verified or not: a 2xx that fails verification or a patch that cannot be applied is a
+failure for the breaker) or ``abandoned()`` when it was cancelled without a result.
+
+``mode(hook)`` is the backend's rollout mode. ``Enforce``: its outcome is used as is. ``Warn``: the
+drivers mark the outcome (``Invocation.mode``); ``apply_failure_policy`` handles its call errors
+as under ``Ignore`` and returns an ``Effect`` with ``enforced=False`` for the rest, and ``settle``
+turns what would have denied (or patched) into a warning ``<webhook>: <message>``. ``Shadow``: the
+drivers start the call apart from the review (``gateway.dispatch.shadow``); its outcome never
+reaches ``settle`` and is reduced by ``shadow_result`` for metrics and the log.
 """
 
 from __future__ import annotations
@@ -30,12 +36,15 @@ from typing import Any, Final, Literal, Protocol, TypeAlias
 import msgspec
 
 from gateway.admission import Status
+from gateway.config.backend_policy import BackendMode
 from gateway.config.model import FailurePolicy, Webhook
 from gateway.dispatch import status as statuses
 from gateway.dispatch.annotations import (
     AuditAnnotations,
     Warnings,
     failed_open_key,
+    mode_key,
+    mode_value,
     mutation_key,
     mutation_value,
     patch_key,
@@ -43,6 +52,7 @@ from gateway.dispatch.annotations import (
 from gateway.dispatch.report import DispatchReport, InvocationOutcome, InvocationRecord
 from gateway.errors import CallingWebhookError, MatchingError
 from gateway.matching import matching_error_status
+from gateway.resilience.modes import ShadowOutcome, denial_warning, patch_warning, shadow_outcome
 from gateway.review import BackendResponse
 
 _encode = msgspec.json.Encoder().encode
@@ -66,18 +76,25 @@ class Invocation:
     version: str = ""
     backend_uid: str = ""
     position: int = 0  # validating: place among the called backends (the failed-open annotation index)
-    enforced: bool = True  # False: a rollout mode records this outcome without letting it deny
+    mode: BackendMode = "Enforce"  # Warn/Shadow: a rollout mode records this outcome, never denying
+
+    @property
+    def enforced(self) -> bool:
+        return self.mode == "Enforce"
 
 
 @dataclass(frozen=True, slots=True)
 class Allowed:
     """A verified reply that allowed; for mutating backends ``mutated`` says if its patch changed
-    the object, and ``patch`` holds the ops applied (for ``auditPatches``)."""
+    the object, and ``patch`` holds the ops applied (for ``auditPatches``). ``withheld``: the ops
+    of a patch that would have changed the object but was not applied (a mutating backend in Warn
+    or Shadow mode)."""
 
     at: Invocation
     response: BackendResponse
     mutated: bool = False
     patch: list[Any] | None = None
+    withheld: list[Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,13 +184,17 @@ FAIL_OPEN = Effect(failed_open=True)
 def apply_failure_policy(outcome: Outcome, policy: FailurePolicy) -> Effect:
     """FPT-01..03, FPT-09, ERR-01/02/04/08 and MUT-06..13 for one outcome, in one place.
 
-    An invocation marked not enforced (``Invocation.enforced``, set by the drivers from
-    ``BackendPolicy.enforced``) gets the same effect with ``enforced=False``: recorded, never denying.
+    An invocation in a rollout mode (``Invocation.mode``, set by the drivers from
+    ``BackendPolicy.mode``) never fails a review: its call errors are handled as under ``Ignore``
+    (Warn records the fail-open like Ignore does; Shadow enforced nothing to fail open), and
+    whatever else would deny gets ``enforced=False``: recorded, never denying.
     """
-    effect = _effect(outcome, policy)
-    if not isinstance(outcome, MatchRefused) and not outcome.at.enforced:
-        return Effect(deny=effect.deny, failed_open=effect.failed_open, enforced=False)
-    return effect
+    if isinstance(outcome, MatchRefused) or outcome.at.mode == "Enforce":
+        return _effect(outcome, policy)
+    effect = _effect(outcome, "Ignore")
+    return Effect(
+        deny=effect.deny, failed_open=effect.failed_open and outcome.at.mode == "Warn", enforced=False
+    )
 
 
 def _effect(outcome: Outcome, policy: FailurePolicy) -> Effect:
@@ -195,39 +216,96 @@ def _effect(outcome: Outcome, policy: FailurePolicy) -> Effect:
 # --- the backend policy seam -----------------------------------------------------------------------
 
 
-class BackendPolicy(Protocol):
-    """Asked before and told after every backend call (circuit breakers, bulkheads, rollout modes).
+class Admission(Protocol):
+    """An admitted call; told exactly once how it ended. Neither method may raise."""
 
-    ``admit`` returns None to let the call proceed, or the call error to fail it with (never raises);
-    ``settled`` sees every outcome of an admitted call and must not raise; ``enforced`` is False for
-    a backend whose outcomes are recorded but never deny (Warn/Shadow rollout).
+    def settled(self, outcome: Outcome) -> None:
+        """Every outcome of the call: allowed, rejected, call error, unusable patch, gateway bug."""
+
+    def abandoned(self) -> None:
+        """The call was cancelled before it had a result (the caller went away, shutdown)."""
+
+
+class BackendPolicy(Protocol):
+    """Asked before every backend call (circuit breakers, bulkheads, shedding) and for its mode.
+
+    ``admit`` returns the call error to fail the call with (never raises), or the ``Admission`` to
+    tell how it ended; ``mode`` is the backend's rollout mode (Enforce, Warn, Shadow).
     """
 
-    def admit(self, hook: Webhook) -> CallingWebhookError | None: ...
+    def admit(self, hook: Webhook) -> CallingWebhookError | Admission: ...
 
-    def settled(self, hook: Webhook, outcome: Outcome) -> None: ...
+    def mode(self, hook: Webhook) -> BackendMode: ...
 
-    def enforced(self, hook: Webhook) -> bool: ...
+
+class _Untracked:
+    def settled(self, outcome: Outcome) -> None:
+        pass
+
+    def abandoned(self) -> None:
+        pass
+
+
+UNTRACKED: Final[Admission] = _Untracked()
+"""An admission nobody needs to hear back from."""
 
 
 class AdmitAll:
-    """The default backend policy: every call proceeds and is enforced, nothing is tracked."""
+    """The default backend policy: every call proceeds, nothing is tracked; modes as configured."""
 
-    def admit(self, hook: Webhook) -> CallingWebhookError | None:
-        return None
+    def admit(self, hook: Webhook) -> CallingWebhookError | Admission:
+        return UNTRACKED
 
-    def settled(self, hook: Webhook, outcome: Outcome) -> None:
-        pass
+    def mode(self, hook: Webhook) -> BackendMode:
+        return hook.backend_policy.mode
 
-    def enforced(self, hook: Webhook) -> bool:
-        return True
+
+def in_mode(outcome: Outcome, mode: BackendMode) -> Outcome:
+    """The same outcome, marked with the rollout mode it ran in (Warn/Shadow: recorded, never denying)."""
+    if isinstance(outcome, MatchRefused) or outcome.at.mode == mode:
+        return outcome
+    return dataclasses.replace(outcome, at=dataclasses.replace(outcome.at, mode=mode))
 
 
 def not_enforced(outcome: Outcome) -> Outcome:
-    """The same outcome, recorded but never denying (what a rollout mode makes of it)."""
+    """The same outcome, recorded but never denying (what Warn mode makes of it)."""
+    return in_mode(outcome, "Warn")
+
+
+def would_be_message(outcome: Outcome) -> str:
+    """What a backend's outcome would have told the caller: its denial, its call error, its patch."""
+    if isinstance(outcome, Rejected):
+        st = outcome.response.status
+        if st is not None and (st.message or st.reason):
+            return st.message or st.reason
+        return "denied the request"
+    if isinstance(outcome, PatchFailed | DryRunRefused):
+        return outcome.status.message
+    if isinstance(outcome, CallFailed):
+        return outcome.error.reason
+    if isinstance(outcome, Panicked):
+        return outcome.error
     if isinstance(outcome, MatchRefused):
-        return outcome
-    return dataclasses.replace(outcome, at=dataclasses.replace(outcome.at, enforced=False))
+        return outcome.error.message
+    if outcome.withheld:
+        return patch_warning(outcome.at.hook.name, _ops(outcome.withheld)).split(": ", 1)[1]
+    return ""
+
+
+def _ops(patch: list[Any]) -> list[tuple[str, str]]:
+    return [(str(op.get("op", "")), str(op.get("path", ""))) for op in patch if isinstance(op, dict)]
+
+
+def shadow_result(outcome: Outcome) -> tuple[ShadowOutcome, str]:
+    """The ``outcome`` label of a Shadow-mode result and the message it would have given.
+
+    An unusable patch counts as ``error`` (the backend answered wrongly), a dry-run refusal as
+    ``denied`` (the review would have been denied).
+    """
+    call_error = isinstance(outcome, CallFailed | Panicked | PatchFailed | MatchRefused)
+    allowed = isinstance(outcome, Allowed)
+    patched = isinstance(outcome, Allowed) and bool(outcome.withheld)
+    return shadow_outcome(call_error=call_error, allowed=allowed, patched=patched), would_be_message(outcome)
 
 
 # --- the verdict, built once from the outcomes ---------------------------------------------------
@@ -283,6 +361,7 @@ def record_of(outcome: Outcome, effect: Effect) -> InvocationRecord | None:
         error_kind=error_kind,
         mutated=mutated,
         backend_uid=at.backend_uid,
+        mode=at.mode,
     )
 
 
@@ -344,11 +423,17 @@ def settle(
             _mutation_annotations(annotations, outcome, effect, settings)
         elif effect.failed_open:
             annotations.add_gateway(failed_open_key("validating", 0, outcome.at.position), hook.name)
+        if outcome.at.mode == "Warn":
+            report.dropped += warnings.add(_warn_warnings(outcome, effect))
         if effect.denies:
             assert effect.deny is not None
             if not denials:
                 report.denied_by = hook.name
             denials.append(effect.deny)
+    for ran in report.modes:  # which backends ran in a rollout mode (Enforce is the default)
+        annotations.add_gateway(
+            mode_key(kind, ran.round, ran.index), mode_value(ran.configuration, ran.name, ran.mode)
+        )
     if refused is not None:  # VAL-01 / MUT-02: answers the review; earlier patches are discarded
         st = matching_error_status(refused.error)
         report.allowed, report.denied_by, report.deny_reason = False, refused.hook.name, refused.error.message
@@ -389,6 +474,18 @@ def settle(
         audit_annotations=annotations.as_dict(),
         report=report,
     )
+
+
+def _warn_warnings(outcome: Outcome, effect: Effect) -> list[str]:
+    """Warn mode: what would have denied, or the patch that would have changed the object."""
+    if isinstance(outcome, MatchRefused):
+        return []
+    name = outcome.at.hook.name
+    if effect.deny is not None:
+        return [denial_warning(name, would_be_message(outcome))]
+    if isinstance(outcome, Allowed) and outcome.withheld:
+        return [patch_warning(name, _ops(outcome.withheld))]
+    return []
 
 
 def _mutation_annotations(

@@ -39,6 +39,7 @@ class InvocationRecord:
     error_kind: str = ""  # call-error class for metrics (connect, tls, timeout, status, ...)
     mutated: bool = False
     backend_uid: str = ""  # REV-15: logged for correlation, never returned
+    mode: str = "Enforce"  # Warn: recorded, never denying (Shadow results are reported apart)
 
     @property
     def rejected(self) -> bool:
@@ -68,6 +69,17 @@ class ConditionRecord:
     errors: tuple[tuple[str, str], ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class ModeRecord:
+    """A backend that ran in a rollout mode (Warn, Shadow), for the log line and audit annotations."""
+
+    name: str
+    configuration: str
+    mode: str
+    round: int
+    index: int
+
+
 @dataclass(slots=True)
 class DispatchReport:
     """Everything observability needs about one review."""
@@ -83,6 +95,7 @@ class DispatchReport:
     deadline_exhausted: bool = False
     reinvoked: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)  # dropped annotations / warnings, for logs
+    modes: list[ModeRecord] = field(default_factory=list)  # backends in Warn or Shadow mode
 
     @property
     def backend_seconds(self) -> float:

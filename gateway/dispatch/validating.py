@@ -7,6 +7,8 @@ order, VAL-07). A bug while handling one backend stays confined to it (VAL-06).
 
 from __future__ import annotations
 
+import math
+
 import structlog
 import trio
 
@@ -33,10 +35,9 @@ from gateway.dispatch.outcome import (
     Panicked,
     Rejected,
     Verdict,
-    not_enforced,
     settle,
 )
-from gateway.dispatch.report import DispatchReport
+from gateway.dispatch.report import DispatchReport, ModeRecord
 from gateway.errors import CallingWebhookError
 from gateway.matching import Call, CallFailure, NamespaceLabels, Refuse, decide_candidates
 from gateway.review import InboundReview
@@ -64,17 +65,23 @@ async def validate(
         equivalents=settings.equivalents,
         inputs=condition_inputs(inbound, plans.plans),
     )
+    shadows: list[tuple[Webhook, CallingWebhookError | None]] = []
     for plan, decision in decided:
         note_conditions(report, plan.hook, decision)
         if isinstance(decision, Refuse):  # VAL-01: the first matching error answers, nobody is called
             return settle("validating", report, [MatchRefused(plan.hook, decision.error)], settings)
-        if isinstance(decision, Call):
-            selected.append((plan.hook, None))
-        elif isinstance(decision, CallFailure):
-            selected.append((plan.hook, decision.error))
-    report.matched = len(selected)
+        if not isinstance(decision, Call | CallFailure):
+            continue
+        pre_error = decision.error if isinstance(decision, CallFailure) else None
+        mode = backends.policy.mode(plan.hook)
+        if mode != "Enforce":
+            report.modes.append(ModeRecord(plan.hook.name, plan.hook.configuration, mode, 0, plan.hook.index))
+        (shadows if mode == "Shadow" else selected).append((plan.hook, pre_error))
+    for hook, pre_error in shadows:  # started first: they run apart from the review, never delaying it
+        _start_shadow(backends, hook, inbound, attrs, pre_error)
+    report.matched = len(selected) + len(shadows)
     if not selected:
-        return Verdict(allowed=True, report=report)  # VAL-02
+        return settle("validating", report, [], settings)  # VAL-02 (or only Shadow-mode backends)
 
     outcomes: list[Outcome | None] = [None] * len(selected)
 
@@ -95,6 +102,21 @@ async def validate(
     return settle("validating", report, settled, settings)
 
 
+def _start_shadow(
+    backends: Backends,
+    hook: Webhook,
+    inbound: InboundReview,
+    attrs: AdmissionAttributes,
+    pre_error: CallingWebhookError | None,
+) -> None:
+    """A Shadow-mode backend: called with the same request, apart from the review (its own timeout)."""
+
+    async def run() -> Outcome:
+        return await _invoke(backends, hook, inbound, attrs, pre_error, position=0, deadline=math.inf)
+
+    backends.start_shadow(hook, run, review_uid=inbound.uid)
+
+
 async def _invoke(
     backends: Backends,
     hook: Webhook,
@@ -110,38 +132,46 @@ async def _invoke(
         return DryRunRefused(Invocation(hook, position=position), status.dry_run_status(hook.name))
     clock = backends.clock
     started = clock()
+    mode = backends.policy.mode(hook)
     try:
         error = pre_error
         if error is None and trio.current_time() >= deadline:  # VAL-10
             error = deadline_exceeded(backends.caller, hook)
-        if error is None:
-            error = backends.policy.admit(hook)  # the backend policy seam (see gateway.dispatch.outcome)
-        if error is not None:
-            return CallFailed(Invocation(hook, seconds=clock() - started, position=position), error)
-        called = await call_backend(backends.caller, hook, inbound, attrs, deadline=deadline, mutating=False)
-        outcome: Outcome
-        if isinstance(called, CallingWebhookError):
-            outcome = CallFailed(Invocation(hook, seconds=clock() - started, position=position), called)
-        else:
-            at = Invocation(
-                hook,
-                seconds=clock() - started,
-                version=called.version,
-                backend_uid=called.backend_uid,
-                position=position,
+        # the backend policy seam (see gateway.dispatch.outcome): a refusal is the call's error
+        admission = backends.policy.admit(hook) if error is None else error
+        if isinstance(admission, CallingWebhookError):
+            at = Invocation(hook, seconds=clock() - started, position=position, mode=mode)
+            return CallFailed(at, admission)
+        try:
+            called = await call_backend(
+                backends.caller, hook, inbound, attrs, deadline=deadline, mutating=False
             )
-            response = called.response
-            if response.allowed:
-                outcome = Allowed(at, response)
+            outcome: Outcome
+            if isinstance(called, CallingWebhookError):
+                at = Invocation(hook, seconds=clock() - started, position=position, mode=mode)
+                outcome = CallFailed(at, called)
             else:
-                outcome = Rejected(at, response, status.rejection_status(hook.name, response.status))
-        backends.policy.settled(hook, outcome)
-        if not backends.policy.enforced(hook):  # a rollout mode: recorded, never denying
-            outcome = not_enforced(outcome)
+                at = Invocation(
+                    hook,
+                    seconds=clock() - started,
+                    version=called.version,
+                    backend_uid=called.backend_uid,
+                    position=position,
+                    mode=mode,
+                )
+                response = called.response
+                if response.allowed:
+                    outcome = Allowed(at, response)
+                else:
+                    outcome = Rejected(at, response, status.rejection_status(hook.name, response.status))
+        except BaseException:
+            admission.abandoned()
+            raise
+        admission.settled(outcome)
         return outcome
     except trio.Cancelled:
         raise
     except Exception as exc:
         log.exception("backend handling failed", webhook=hook.name)
-        at = Invocation(hook, seconds=clock() - started, position=position)
+        at = Invocation(hook, seconds=clock() - started, position=position, mode=mode)
         return Panicked(at, str(exc), repr(exc))

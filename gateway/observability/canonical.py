@@ -101,6 +101,8 @@ def backend_entry(record: InvocationRecord) -> dict[str, Any]:
             entry["error_kind"] = record.error_kind
     elif record.mutated:
         entry["mutated"] = True
+    if record.mode != "Enforce":
+        entry["mode"] = record.mode  # its outcome was recorded, never enforced
     return entry
 
 
@@ -159,6 +161,8 @@ def review_fields(
         fields["overhead_ms"] = _ms(max(0.0, seconds - backend_seconds))
         if report.reinvoked:
             fields["reinvoked"] = report.reinvoked
+        if report.modes:  # which backends ran in a rollout mode (every other one enforced)
+            fields["modes"] = {m.name: m.mode for m in report.modes}
         if report.deadline_exhausted:
             fields["deadline_exhausted"] = True
     if verdict is not None:

@@ -16,6 +16,7 @@ import structlog
 
 from gateway.config.model import Snapshot
 from gateway.conversion.convert import ConversionReport
+from gateway.dispatch.shadow import ShadowResult
 from gateway.observability.canonical import (
     InboundLike,
     VerdictLike,
@@ -240,6 +241,23 @@ class Observability:
         """A review was answered at once because the gateway was overloaded (in_flight, event_loop_lag)."""
         if self.prometheus is not None:
             self.prometheus.review_shed(reason)
+
+    def shadow_decided(self, result: ShadowResult) -> None:
+        """A Shadow-mode backend's result: counted, and logged on one line with its would-be message."""
+        fields: dict[str, Any] = {
+            "webhook": result.webhook,
+            "configuration": result.configuration,
+            "kind": result.kind,
+            "outcome": result.outcome,
+            "ms": int(result.seconds * 1_000_000.0 + 0.5) / 1000.0,
+        }
+        if result.message:
+            fields["message"] = result.message
+        if result.review_uid:
+            fields["uid"] = result.review_uid
+        structlog.get_logger("gateway.shadow").info("shadow decision", **fields)
+        if self.prometheus is not None:
+            self.prometheus.shadow_decision(result.webhook, result.outcome)
 
     def call_refused(self, webhook: str, reason: str) -> None:
         """A backend call was not made (circuit_open, max_in_flight); the review log shows the call error."""

@@ -16,7 +16,15 @@ from gateway.resilience.breaker import (
 )
 from gateway.resilience.bulkhead import Bulkhead, BulkheadToken
 from gateway.resilience.guards import BackendGuard, BackendGuards, Pass, Refusal, backend_key
-from gateway.resilience.shedding import Assessment, ReviewSlot, Shedder, ShedPolicy, ShedReason
+from gateway.resilience.shedding import (
+    Assessment,
+    ReviewSlot,
+    Shedder,
+    ShedPolicy,
+    ShedReason,
+    refusing_calls,
+    shed_reason,
+)
 
 __all__ = [
     "Assessment",
@@ -37,4 +45,6 @@ __all__ = [
     "Shedder",
     "Transition",
     "backend_key",
+    "refusing_calls",
+    "shed_reason",
 ]

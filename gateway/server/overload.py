@@ -2,9 +2,9 @@
 
 ``OverloadGate.review()`` wraps the deciding of one review. When the ``Shedder`` says the gateway
 cannot start it in time, the review is still decided, but with every backend call refused at once
-(``transport.guarded.refusing_calls``): each matched backend has a call error under its own
-failurePolicy, and the caller gets HTTP 200 with that decision, never a 5xx (which would apply the
-gateway registration's policy to every backend at once).
+(``resilience.refusing_calls``, read by the dispatch's backend policy): each matched backend has
+a call error under its own failurePolicy, and the caller gets HTTP 200 with that decision, never
+a 5xx (which would apply the gateway registration's policy to every backend at once).
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from contextlib import contextmanager
 
 import trio
 
-from gateway.resilience import ReviewSlot, Shedder, ShedPolicy
-from gateway.transport.guarded import refusing_calls
+from gateway.resilience import ReviewSlot, Shedder, ShedPolicy, refusing_calls
 
 
 class OverloadGate:

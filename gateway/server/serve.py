@@ -130,11 +130,12 @@ async def serve(
     task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the gateway until SIGTERM/SIGINT (or ``Running.shutdown()``), then drain and return."""
+    from gateway.dispatch.policy import GuardedBackends
+    from gateway.dispatch.shadow import ShadowCalls
     from gateway.resilience import BackendGuards
     from gateway.sources.configdir import ConfigStore, fingerprint, watch_config_dir, watch_files
     from gateway.transport.caller import BackendCaller
     from gateway.transport.credentials import CredentialStore
-    from gateway.transport.guarded import GuardedCaller
     from gateway.transport.pool import ClientPool
 
     hypercorn_fixes.install()
@@ -203,13 +204,16 @@ async def serve(
         guards = BackendGuards(trio.current_time, on_transition=observer.circuit_changed)
         guards.reconcile((*first.validating, *first.mutating))
         dispatcher = Dispatcher(
-            GuardedCaller(caller, guards, on_refused=observer.call_refused),
+            caller,
             namespaces,
             DispatchSettings(
                 patch_mode=options.patch_mode,
                 audit_patches=options.audit_patches,
                 exclude_virtual_resources=not options.include_virtual_resources,
             ),
+            policy=GuardedBackends(guards, on_refused=observer.call_refused),
+            # Shadow-mode calls outlive the review that started them: the server's nursery owns them.
+            shadow=ShadowCalls(nursery, on_result=observer.shadow_decided),
         )
         overload = _overload_gate(options, observer)
         if overload is not None and overload.policy.max_event_loop_lag is not None:
