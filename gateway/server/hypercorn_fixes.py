@@ -51,8 +51,6 @@ import dataclasses
 import math
 from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
-from importlib.metadata import PackageNotFoundError
-from importlib.metadata import version as package_version
 from typing import Any, Final
 from urllib.parse import parse_qsl
 
@@ -75,6 +73,7 @@ from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import parse_socket_addr
 
+from gateway.server.hypercorn_version import check_version
 from gateway.server.limits import ControlFrameBudget, InboundLimits, InboundRuntime
 from gateway.server.timeouts import parse_go_duration
 
@@ -82,34 +81,11 @@ Message = MutableMapping[str, Any]
 
 log = structlog.get_logger("gateway.server")
 
-# The hypercorn releases whose internals (TCPServer.run/protocol_send, H2Protocol._handle_events/
-# stream_send/_send_data, H11Protocol._send_h11_event, TaskGroup.spawn_app, HTTPStream.app_send)
-# were read and tested against. Another version must be read again before it is added here.
-VERIFIED_HYPERCORN: Final = frozenset({"0.18.0"})
-
 # How long the requests of a connection the client closed get to notice (http.disconnect) and end
 # by themselves before they are cancelled.
 _RELEASE_GRACE: Final = 0.25
 
 _installed = False
-
-
-class UnsupportedHypercornError(SystemExit):
-    """The installed hypercorn is not one whose internals the patches were verified against."""
-
-
-def check_version(installed: str | None = None) -> None:
-    """Refuse to run (one line, no traceback) unless hypercorn's version is a verified one."""
-    if installed is None:
-        try:
-            installed = package_version("hypercorn")
-        except PackageNotFoundError:
-            installed = "unknown"
-    if installed not in VERIFIED_HYPERCORN:
-        raise UnsupportedHypercornError(
-            f"webhook-gateway: hypercorn {installed} is not supported (verified: "
-            f"{', '.join(sorted(VERIFIED_HYPERCORN))}); install a verified version"
-        )
 
 
 def runtime_of(config: Any) -> InboundRuntime:

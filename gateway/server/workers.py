@@ -70,6 +70,7 @@ from prometheus_client.samples import Sample
 from gateway.errors import ConfigError, GatewayError, ListenError, startup_failure
 from gateway.observability import Metrics, Observability
 from gateway.observability.metrics import PREFIX, HistogramChild
+from gateway.server.limits import raise_nofile_limit
 from gateway.settings import ServeSettings
 from gateway.sources.namespaces import Backoff
 
@@ -560,6 +561,7 @@ def supervise(options: ServeSettings, workers: int) -> int:
     from gateway.observability import configure_logging
 
     configure_logging(options.log_level, options.log_format)
+    raise_nofile_limit()  # as a single process does; the workers inherit the raised limit
     main = _listen(options.bind)  # ListenError: the command prints it as one line
     try:
         metrics = _listen(options.metrics_bind) if options.metrics_bind else None
