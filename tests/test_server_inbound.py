@@ -301,7 +301,8 @@ async def _start_process(
     proc = await trio.lowlevel.open_process(
         [sys.executable, "-m", "gateway", "--config", str(config), "--bind", f"127.0.0.1:{port}", *args],
         cwd=REPO,
-        env={**os.environ, "WEBHOOK_GATEWAY_LOG_LEVEL": "info"},
+        # One process: these tests watch one listener's descriptors and connections.
+        env={**os.environ, "WEBHOOK_GATEWAY_LOG_LEVEL": "info", "WEBHOOK_GATEWAY_WORKERS": "1"},
         stdout=stderr,
         stderr=stderr,
         preexec_fn=(lambda: _limit_fds(nofile)) if nofile else None,
