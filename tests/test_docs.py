@@ -57,7 +57,9 @@ def test_behaviour_links_resolve() -> None:
     assert not broken
 
 
-@pytest.mark.parametrize("needle", ["shared/spec", "admission-semantics", "../shared"])
+@pytest.mark.parametrize(
+    "needle", ["shared/spec", "admission-semantics", "../shared", "spec §", "spec's §", "Seed 0"]
+)
 def test_nothing_user_facing_points_outside_the_repository(needle: str) -> None:
     offenders = [str(p.relative_to(REPO)) for p in _files() if needle in p.read_text(errors="replace")]
     assert not offenders
