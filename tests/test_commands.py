@@ -287,6 +287,42 @@ def test_third_party_configurations_together_earn_a_true_warning() -> None:
     assert "mutate.kyverno.svc-fail" in got.stderr and "[timeouts-add-up]" in got.stderr
 
 
+@pytest.mark.parametrize(
+    ("versions", "warns"),
+    [
+        pytest.param(["v1", "v2"], True, id="MAT-10: check warns when Equivalent names one version of a multi-version CRD"),
+        pytest.param(["v1"], False, id="MAT-10: check does not warn for a single-version CRD"),
+    ],
+)  # fmt: skip
+def test_check_knows_the_configurations_multi_version_crds(
+    tmp_path: Path, versions: list[str], warns: bool
+) -> None:
+    """The Equivalent warning counts the CRDs of the directory among resources served under several versions."""
+    import yaml
+
+    write_config(
+        tmp_path,
+        validating={"widgets": [hook("w.example.com", "https://w.example.com/v", matchPolicy="Equivalent",
+                                     rules=[{"operations": ["CREATE"], "apiGroups": ["example.com"],
+                                             "apiVersions": ["v1"], "resources": ["widgets"]}])]},
+    )  # fmt: skip
+    crd = {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "widgets.example.com"},
+        "spec": {
+            "group": "example.com",
+            "names": {"plural": "widgets", "kind": "Widget"},
+            "scope": "Namespaced",
+            "versions": [{"name": v, "served": True, "storage": v == "v1"} for v in versions],
+        },
+    }
+    (tmp_path / "zz-crd.yaml").write_text(yaml.safe_dump(crd))
+    got = run_cli("check", "--warnings-as-errors", str(tmp_path))
+    assert (got.returncode == 1) is warns, got.stdout + got.stderr
+    assert ("requests for widgets in example.com/v2 will not reach this webhook" in got.stderr) is warns
+
+
 # --- metrics listener -------------------------------------------------------------------------------------
 
 

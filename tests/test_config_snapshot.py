@@ -265,6 +265,59 @@ def test_mat10_equivalent_warning(fields: dict[str, Any], expected: list[str]) -
     assert all(w.severity == "warning" for w in snapshot.warnings)
 
 
+def _crd(*versions: str, strategy: str = "None", plural: str = "widgets") -> dict[str, Any]:
+    conversion: dict[str, Any] = {"strategy": strategy}
+    if strategy == "Webhook":
+        conversion["webhook"] = {
+            "clientConfig": {"url": "https://convert.example.com/convert"},
+            "conversionReviewVersions": ["v1"],
+        }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.example.com"},
+        "spec": {
+            "group": "example.com",
+            "names": {"plural": plural, "kind": "Widget"},
+            "scope": "Namespaced",
+            "versions": [{"name": v, "served": True, "storage": i == 0} for i, v in enumerate(versions)],
+            "conversion": conversion,
+        },
+    }
+
+
+WIDGETS_V1 = rule(apiGroups=["example.com"], apiVersions=["v1"], resources=["widgets"])
+
+
+@pytest.mark.parametrize(
+    ("crd", "crd_first", "expected"),
+    [
+        pytest.param(
+            _crd("v1", "v2"), False,
+            [EQUIVALENT_WARNING.format(i=0, resource="widgets", missed="example.com/v2", matched="example.com/v1")],
+            id="MAT-10: a multi-version CRD of the configuration, loaded after the webhook, warns for its other version",
+        ),
+        pytest.param(
+            _crd("v1", "v2", strategy="Webhook"), True,
+            [EQUIVALENT_WARNING.format(i=0, resource="widgets", missed="example.com/v2", matched="example.com/v1")],
+            id="MAT-10: a multi-version CRD with a conversion backend, loaded first, warns too",
+        ),
+        pytest.param(_crd("v1"), False, [], id="MAT-10: a single-version CRD has no equivalent and does not warn"),
+        pytest.param(
+            _crd("v1", "v2", plural="gadgets"), False, [],
+            id="MAT-10: a multi-version CRD of another resource does not warn",
+        ),
+    ],
+)  # fmt: skip
+def test_mat10_equivalent_warning_knows_multi_version_crds(
+    crd: dict[str, Any], crd_first: bool, expected: list[str]
+) -> None:
+    """MAT-10: resources served under several versions include the configuration's multi-version CRDs."""
+    webhooks = config(hook(matchPolicy="Equivalent", rules=[WIDGETS_V1]))
+    snapshot = load(crd, webhooks) if crd_first else load(webhooks, crd)
+    assert [f"{w.path}: {w.message}" for w in snapshot.warnings] == expected
+
+
 @pytest.mark.parametrize(
     ("timeouts", "warns"),
     [

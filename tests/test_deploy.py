@@ -343,7 +343,8 @@ def _check_rbac(docs: list[Doc]) -> None:
     assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding")]
     role = one(docs, "ClusterRole")
     assert role["rules"] == [
-        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]}
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
     ]
     binding = one(docs, "ClusterRoleBinding")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
@@ -444,7 +445,8 @@ def _check_image(docs: list[Doc]) -> None:
         pytest.param(_check_non_root, id="the pod runs as non-root with a read-only root filesystem"),
         pytest.param(_check_resources, id="the container has resource requests and a memory limit"),
         pytest.param(
-            _check_rbac, id="GW-01: RBAC is exactly get/list/watch on namespaces, for the pod's account"
+            _check_rbac,
+            id="GW-01: RBAC is exactly get/list/watch on namespaces and list/watch on endpointslices, for the pod's account",
         ),
         pytest.param(_check_mounts, id="CFG-25: config and TLS volumes mounted where the arguments point"),
         pytest.param(_check_drain, id="the grace period covers the drain plus a full review budget"),

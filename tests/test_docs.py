@@ -57,7 +57,9 @@ def test_behaviour_links_resolve() -> None:
     assert not broken
 
 
-@pytest.mark.parametrize("needle", ["shared/spec", "admission-semantics", "../shared"])
+@pytest.mark.parametrize(
+    "needle", ["shared/spec", "admission-semantics", "../shared", "spec §", "spec's §", "Seed 0"]
+)
 def test_nothing_user_facing_points_outside_the_repository(needle: str) -> None:
     offenders = [str(p.relative_to(REPO)) for p in _files() if needle in p.read_text(errors="replace")]
     assert not offenders
@@ -82,3 +84,38 @@ def test_readme_installs_what_ci_installs() -> None:
     readme_extras = re.findall(r"pip install -e '\.\[([a-z,]+)\]' && python -m pytest", readme)
     assert readme_extras == [ci_extras]
     assert ci.rstrip().endswith("python -m pytest")
+
+
+def _anchors(path: Path) -> set[str]:
+    """The anchors of a Markdown file: explicit ``<a id>`` and GitHub's slugs of its headings."""
+    text = path.read_text()
+    found = set(re.findall(r'<a id="([^"]+)"></a>', text))
+    for heading in re.findall(r"^#+ (.*)$", text, re.M):
+        title = re.sub(r'<a id="[^"]*"></a>', "", heading)
+        found.add(re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-"))
+    return found
+
+
+def _relative_links() -> list[tuple[Path, str]]:
+    links = []
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        text = re.sub(r"```.*?```", "", doc.read_text(), flags=re.S)  # code blocks are not links
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if not re.match(r"[a-z]+:", target):  # http:, https:, mailto: are not checked here
+                links.append((doc, target))
+    return links
+
+
+def test_every_relative_link_in_the_readme_and_docs_resolves() -> None:
+    """README.md and docs/*.md link only to files that exist, and to anchors those files have."""
+    links = _relative_links()
+    assert len(links) > 50
+    broken = []
+    for doc, target in links:
+        file_part, _, anchor = target.partition("#")
+        path = (doc.parent / file_part).resolve() if file_part else doc
+        if not path.exists():
+            broken.append(f"{doc.relative_to(REPO)}: {target} (no such file)")
+        elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
+            broken.append(f"{doc.relative_to(REPO)}: {target} (no such anchor)")
+    assert broken == []

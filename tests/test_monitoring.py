@@ -29,6 +29,7 @@ from gateway.devtools.backends import serve_backend
 from gateway.observability import metrics_doc
 from gateway.observability.metrics import Metrics
 from tests.support.client import connect
+from tests.support.conversion import CRD, conversion_review, crd, crontab, write_crds
 from tests.support.gateway import hook, review, send_review, write_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,7 +107,24 @@ def _exported_series() -> set[str]:
         else:
             names.add(family.name)
     names.add(metrics.connection_metric().name)
+    names.add(metrics.inbound_metric().name)
     return names
+
+
+def test_dashboard_rows() -> None:
+    """The dashboard has the rows an operator looks for, each with panels under it."""
+    panels = json.loads((MONITORING / "dashboard.json").read_text())["panels"]
+    rows = [p["title"] for p in panels if p["type"] == "row"]
+    assert rows == [
+        "Overview", "Per backend", "Connections and load", "Conversions", "Inbound connections",
+        "Backend protections",
+    ]  # fmt: skip
+    queries = " ".join(q for _, q in dashboard_queries())
+    for family in ("crd_conversion_webhook", "conversion_webhook_request", "conversion_cache", "inbound_",
+                   "backend_circuit_state", "reviews_shed"):  # fmt: skip
+        assert "webhook_gateway_" + family in queries, family
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids))
 
 
 def test_rules_and_dashboard_use_only_exported_metrics() -> None:
@@ -182,6 +200,28 @@ async def test_prometheus_scrapes_the_gateway_and_every_panel_has_data(
         },
         mutating={"labels": [hook("label.example.com", base + "/patch/checked", timeoutSeconds=2)]},
     )  # fmt: skip
+    # Backend protections: a backend that never answers, behind a circuit breaker that opens at once.
+    guarded = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {
+            "name": "guarded",
+            "annotations": {
+                "webhook-gateway.io/backend-policy": '"*": {circuitBreaker: {consecutiveFailures: 2, openSeconds: 60}}'
+            },
+        },
+        "webhooks": [hook("guarded.example.com", dead + "/allow", failurePolicy="Ignore", timeoutSeconds=1)],
+    }
+    (tmp_path / "config" / "guarded.yaml").write_text(yaml.safe_dump(guarded))
+    # Conversions: a CRD whose conversions are cached, and one whose backend fails every conversion.
+    failing = "failing.stable.example.com"
+    write_crds(
+        tmp_path / "config",
+        [
+            crd(url=base + "/convert", annotations={"webhook-gateway.io/conversion-cache": "true"}),
+            crd(failing, url=base + "/convert/fail/no%20way"),
+        ],
+    )
     ca = trustme.CA()
     cert = ca.issue_cert("localhost", "127.0.0.1")
     cert.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "tls.pem"))
@@ -190,7 +230,7 @@ async def test_prometheus_scrapes_the_gateway_and_every_panel_has_data(
         [sys.executable, "-m", "gateway", "--config", str(tmp_path / "config"),
          "--bind", f"127.0.0.1:{port}", "--metrics-bind", f"127.0.0.1:{metrics_port}",
          "--certfile", str(tmp_path / "tls.pem"), "--keyfile", str(tmp_path / "tls.pem"),
-         "--drain-seconds", "0", "--log-level", "error"],
+         "--drain-seconds", "0", "--log-level", "error", "--header-read-timeout", "1"],
         cwd=ROOT,
     )  # fmt: skip
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule_groups()))
@@ -220,8 +260,17 @@ async def test_prometheus_scrapes_the_gateway_and_every_panel_has_data(
         ctx = ssl.create_default_context()
         ca.configure_trust(ctx)
         client = await connect("127.0.0.1", port, ssl_context=ctx)
+        # An inbound connection that never starts its TLS handshake: closed by the head deadline.
+        silent = await trio.open_tcp_stream("127.0.0.1", port)
         with trio.fail_after(60):
             for i in range(400):  # a short load, spread over a few scrapes
+                if i % 20 == 0:  # the same two objects each time: misses first, then cache hits
+                    objects = [crontab("a"), crontab("b")]
+                    resp = await send_review(client, f"convert/{CRD}", conversion_review(objects))
+                    assert resp.json["response"]["result"]["status"] == "Success", resp.body
+                if i % 100 == 0:
+                    resp = await send_review(client, f"convert/{failing}", conversion_review([crontab()]))
+                    assert resp.json["response"]["result"]["status"] == "Failure", resp.body
                 labels = {"app": "denied"} if i % 10 == 0 else {"app": "web"}
                 obj = {
                     "apiVersion": "v1",
@@ -237,6 +286,8 @@ async def test_prometheus_scrapes_the_gateway_and_every_panel_has_data(
                 empty = [title for title, expr in dashboard_queries() if not await _query(prom_url, expr)]
                 await trio.sleep(0 if not empty else 1)
         assert empty == []
+        with trio.fail_after(5):
+            assert await silent.receive_some() == b"", "the silent connection was closed"
         with trio.fail_after(30):
             while True:
                 body = await trio.to_thread.run_sync(_get_json, f"{prom_url}/api/v1/rules")
@@ -320,11 +371,12 @@ async def test_certificate_expiry_and_backend_timeouts_follow_reloads(
         str(tmp_path / "tls.pem")
     )
     write_config(config, mutating={"m": [hook("b.example.com", "https://b.example.com/m", timeoutSeconds=7)]})
-    with trio.fail_after(20):
+    reloaded = {frozenset({("name", "b.example.com"), ("type", "admit")}): 7.0}
+    with trio.fail_after(20):  # the certificate and the configuration reload independently
         while True:
             scraped = await _scrape(port, ctx)
-            if scraped[expiry] == {frozenset(): second.timestamp()} and len(scraped.get(timeouts, {})) == 1:
+            if scraped[expiry] == {frozenset(): second.timestamp()} and scraped.get(timeouts) == reloaded:
                 break
             await trio.sleep(0.1)
-    assert scraped[timeouts] == {frozenset({("name", "b.example.com"), ("type", "admit")}): 7.0}
+    assert scraped[timeouts] == reloaded
     running.shutdown()

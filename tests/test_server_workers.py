@@ -325,6 +325,18 @@ async def test_two_workers_share_the_socket_and_metrics_count_every_review(
         got = await gw.metrics()
         assert got[("webhook_gateway_workers", ())] == 2
         assert got[("webhook_gateway_workers_ready", ())] == 2
+        # open inbound connections are the sum over the workers, whichever worker holds them
+        held = await connect("127.0.0.1", gw.port)
+        try:
+            resp = await held.post("/validate?timeout=10s", json.dumps(review()).encode())
+            assert resp is not None and resp.status == 200
+
+            async def one_open() -> bool:
+                return await gw.metric_sum("webhook_gateway_inbound_open_connections") == 1
+
+            await _eventually(one_open)
+        finally:
+            await held.aclose()
 
 
 async def test_a_killed_worker_is_restarted_counted_and_reviews_keep_being_answered(

@@ -158,15 +158,20 @@ def _gv_text(group: str, version: str) -> str:
     return f"{group}/{version}" if group else version
 
 
-def equivalent_warnings(config: types.WebhookConfiguration) -> list[FieldError]:
+def equivalent_warnings(
+    config: types.WebhookConfiguration, extra: dict[str, tuple[overlap.GroupVersion, ...]] | None = None
+) -> list[FieldError]:
     """MAT-10: an ``Equivalent`` backend is matched Exact; warn where that changes what matches —
-    a rule that reaches a resource in one group/version but not in another one it is served under."""
+    a rule that reaches a resource in one group/version but not in another one it is served under
+    (the built-in list, plus ``extra``: the multi-version CRDs of the configuration)."""
     warnings = []
     for i, hook in enumerate(config.webhooks or ()):
         if hook.match_policy != "Equivalent":
             continue
         for j, r in enumerate(hook.rules or ()):
-            gaps = overlap.equivalent_gaps(r.api_groups or (), r.api_versions or (), r.resources or ())
+            gaps = overlap.equivalent_gaps(
+                r.api_groups or (), r.api_versions or (), r.resources or (), extra=extra
+            )
             if not gaps:
                 continue
             resource, (group, version), (other_group, other_version) = gaps[0]

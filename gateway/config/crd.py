@@ -116,6 +116,9 @@ class LoadedCRD:
 
     name: str
     entry: model.ConversionEntry | None = None
+    # (plural, every (group, version) it is served under): what ``matchPolicy: Equivalent`` would
+    # reach that an Exact rule may not; kept for every CRD, whatever its conversion strategy
+    served: tuple[str, tuple[tuple[str, str], ...]] | None = None
     errors: list[FieldError] = field(default_factory=list)
     warnings: list[FieldError] = field(default_factory=list)
     unknown_fields: list[str] = field(default_factory=list)
@@ -221,6 +224,10 @@ def load_crd(body: dict[object, object], *, strict_https: bool, source: str) -> 
     errors.extend(annotation_errors)
 
     spec = crd.spec or CRDSpec()
+    plural = spec.names.plural if spec.names else None
+    served = tuple(v.name for v in spec.versions or () if v.name and v.served is not False)
+    if plural and spec.group and (served or spec.version):
+        loaded.served = (plural, tuple((spec.group, v) for v in served or (spec.version or "",)))
     conv = _defaulted(spec.conversion, api_version)
     hook = _webhook_of(conv, api_version)
     strategy = conv.strategy or "None"

@@ -75,6 +75,11 @@ class _Loader:
     namespaces: dict[str, dict[str, str]] = field(default_factory=dict)
     first_seen: dict[tuple[str, str], str] = field(default_factory=dict)
     conversions: dict[str, model.ConversionEntry] = field(default_factory=dict)
+    # MAT-10 warnings wait for the whole load: a CRD served under several versions may come later
+    equivalent_checks: list[tuple[_Document, str, str, types.WebhookConfiguration]] = field(
+        default_factory=list
+    )
+    served: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
 
     # --- reporting ---
 
@@ -209,7 +214,7 @@ class _Loader:
         unique = self.register(doc, kind_name, name)
         if failed or not unique:
             return
-        self.field_problems(doc, kind_name, name, build.equivalent_warnings(config), severity="warning")
+        self.equivalent_checks.append((doc, kind_name, name, config))
         self.accepted.append(
             build.Accepted(
                 kind, name, doc.source, config, tuple(findings.conditions), tuple(bundles), policy.annotation
@@ -237,10 +242,20 @@ class _Loader:
             self.problem(doc, "unknown field", kind=crd.KIND, name=loaded.name, path=path, severity="warning")
         failed = self.field_problems(doc, crd.KIND, loaded.name, loaded.errors)
         self.field_problems(doc, crd.KIND, loaded.name, loaded.warnings, severity="warning")
-        if self.register(doc, crd.KIND, loaded.name) and not failed and loaded.entry is not None:
-            self.conversions[loaded.name] = loaded.entry
+        if self.register(doc, crd.KIND, loaded.name) and not failed:
+            if loaded.entry is not None:
+                self.conversions[loaded.name] = loaded.entry
+            if loaded.served is not None:
+                plural, served = loaded.served
+                known = self.served.get(plural, ())
+                self.served[plural] = known + tuple(gv for gv in served if gv not in known)
 
     def snapshot(self, *, origin: str, generation: int) -> model.Snapshot:
+        multi_version = {plural: gvs for plural, gvs in self.served.items() if len(gvs) > 1}
+        for doc, kind_name, name, config in self.equivalent_checks:
+            warnings = build.equivalent_warnings(config, extra=multi_version)
+            self.field_problems(doc, kind_name, name, warnings, severity="warning")
+        self.equivalent_checks.clear()
         if any(p.severity == "error" for p in self.problems):
             raise ConfigError(self.problems)
         snapshot = build.build_snapshot(

@@ -1,4 +1,4 @@
-"""CRD conversion webhooks fronted by the gateway (spec §12).
+"""CRD conversion webhooks fronted by the gateway (docs/behaviour.md#conversion).
 
 ``codec`` reads and writes ConversionReviews (v1 and v1beta1), ``verify`` checks a backend's reply
 (CNV-09..11), ``cache`` is the opt-in per-object cache of converted objects, and ``convert`` drives

@@ -1,6 +1,6 @@
 """The opt-in conversion cache: converted objects keyed by the exact bytes they were converted from.
 
-Seed 002 expects conversion webhooks to be deterministic and names caching as the lever when
+Conversion webhooks are expected to be deterministic, and caching is the lever when
 conversion becomes a bottleneck. A CRD opts in with the annotation
 ``webhook-gateway.io/conversion-cache: "true"``. The key is (CRD name, the entry's cache identity,
 desired apiVersion, SHA-256 of the input object's exact bytes): never uid + resourceVersion, because

@@ -378,7 +378,7 @@ PatchMode = Literal["concat", "diff"]
 
 @dataclass(frozen=True, slots=True)
 class DispatchSettings:
-    """Knobs of the dispatcher (all have the spec's defaults)."""
+    """Knobs of the dispatcher (all have the apiserver's defaults)."""
 
     patch_mode: PatchMode = "concat"
     audit_patches: bool = False

@@ -1,7 +1,7 @@
 """The Status of every deny the dispatcher can answer, and the cause text of a non-2xx backend reply.
 
 Dispatch decides *that* a review is denied; this module says *how*, with the exact texts of the
-spec's §8 (ERR-01..10) and of MUT-06/09/10 and VAL-06/07. All builders return new
+apiserver's (ERR-01..10) and of MUT-06/09/10 and VAL-06/07. All builders return new
 ``gateway.admission.Status`` values; none of them raises.
 """
 

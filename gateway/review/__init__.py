@@ -1,4 +1,4 @@
-"""The AdmissionReview wire format (spec §4): pure codec, no I/O.
+"""The AdmissionReview wire format (docs/behaviour.md, REV-*): pure codec, no I/O.
 
 ``inbound`` decodes the caller's review (once) into the ``view`` every later stage reads and encodes
 the gateway's answer; ``codec`` negotiates the version for a backend, encodes its request from the

@@ -1,6 +1,6 @@
 """The backend side of the wire: negotiate a version, encode the request, decode and verify the reply.
 
-Pipeline for one backend call (spec §4): ``negotiate_version`` (REV-03/05) → ``encode_backend_request``
+Pipeline for one backend call: ``negotiate_version`` (REV-03/05) → ``encode_backend_request``
 (REV-06) → transport → ``decode_backend_response`` (REV-08, REV-10, REV-12..14) → ``BackendResponse``.
 Nothing downstream knows which AdmissionReview version was spoken.
 

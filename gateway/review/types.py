@@ -1,6 +1,6 @@
 """The AdmissionReview wire types (admission.k8s.io/v1 and /v1beta1), as msgspec Structs.
 
-Both versions carry the same fields (spec §4), so one set of Structs serves both; only the
+Both versions carry the same fields (docs/behaviour.md, REV-*), so one set of Structs serves both; only the
 ``apiVersion`` string and the strictness of reply verification (``gateway.review.codec``) differ.
 Objects the gateway only forwards (``object``, ``oldObject``, ``options``) stay ``msgspec.Raw``.
 

@@ -224,6 +224,7 @@ class MetricsSnapshot(msgspec.Struct):
     pid: int
     families: dict[str, list[Row]]
     connections: dict[str, int] = msgspec.field(default_factory=dict)
+    inbound: int = 0  # open connections of the review listener
 
 
 _encoder: Final = msgspec.msgpack.Encoder()
@@ -255,7 +256,11 @@ def capture(metrics: Metrics) -> MetricsSnapshot:
         with contextlib.suppress(Exception):  # a broken pool probe must not break the snapshot
             for origin, count in source().items():
                 connections[str(origin)] = connections.get(str(origin), 0) + count
-    return MetricsSnapshot(os.getpid(), families, connections)
+    inbound = 0
+    if metrics.inbound_source is not None:
+        with contextlib.suppress(Exception):
+            inbound = metrics.inbound_source()
+    return MetricsSnapshot(os.getpid(), families, connections, inbound)
 
 
 def merge(into: Metrics, snapshots: Iterable[MetricsSnapshot], *, gauges: bool = True) -> None:
@@ -321,6 +326,7 @@ class RunDirectory:
                 (labels, 0.0, counts) for labels, _, counts in snapshot.families.get(name, [])
             ]
         snapshot.connections = {}
+        snapshot.inbound = 0
         self.write_snapshot(slot, _encoder.encode(snapshot))
 
     def write_state(self, state: SupervisorState) -> None:
@@ -362,6 +368,8 @@ class WorkerObservability(Observability):
             for origin, count in snapshot.connections.items():
                 connections[origin] = connections.get(origin, 0) + count
         combined.set_connection_source(lambda: connections)
+        inbound = sum(snapshot.inbound for snapshot in snapshots)
+        combined.set_inbound_source(lambda: inbound)
         body, content_type = combined.render()
         extra = CollectorRegistry()
         extra.register(_WorkerFamilies(self.run, reviews))
