@@ -435,7 +435,10 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
         profiling = _Profiling(opts.profile, opts.duration)
         loads: list[float | None] = list(opts.rates) if opts.rates else [None]
         for rate in loads:
-            point: dict[str, list[PhaseResult]] = {"direct": [], "nginx": [], "gateway": []}
+            point: dict[str, list[PhaseResult]] = {"direct": []}
+            if nginx_work is not None:
+                point["nginx"] = []  # between the two: the floor line of a proxy
+            point["gateway"] = []
             for rep in range(opts.repeat):
                 for name, work, pid in (
                     ("direct", direct_work, fleet.pid if fleet else None),
@@ -499,5 +502,5 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
                         raise RuntimeError(
                             f"the gateway exited with {gateway.returncode} during the run\n{tail}"
                         )
-            result.points.append({k: v for k, v in point.items() if v})
+            result.points.append(point)
     return result
