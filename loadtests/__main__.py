@@ -100,6 +100,17 @@ def parser() -> argparse.ArgumentParser:
     o = p.add_argument_group("output")
     o.add_argument("--json", type=Path, help="write the full result as JSON")
     o.add_argument("--plot", type=Path, help="write a PNG: latency percentiles vs load and a histogram")
+    o.add_argument(
+        "--profile",
+        type=Path,
+        metavar="PATH.svg",
+        help="write a py-spy flame graph of the gateway process during its first measured phase",
+    )
+    o.add_argument(
+        "--nginx",
+        action="store_true",
+        help="also measure nginx as a plain TLS proxy hop in front of the same backend (a third row)",
+    )
     o.add_argument("--no-progress", action="store_true")
     o.add_argument("--seed", type=int, default=0)
     return p
@@ -132,6 +143,8 @@ def options(args: argparse.Namespace) -> Options:
         progress=not args.no_progress,
         gateway_args=args.gateway_arg,
         slow_fraction=args.slow_fraction,
+        profile=str(args.profile) if args.profile else None,
+        nginx=args.nginx,
     )
     if args.quick:
         opts.duration = min(opts.duration, 2.0)
@@ -163,6 +176,20 @@ def main(argv: list[str] | None = None) -> int:
             import matplotlib  # noqa: F401
         except ImportError:
             parser().error("--plot needs matplotlib: pip install 'webhook-gateway[loadtest]'")
+    if args.profile:
+        from loadtests.processes import py_spy
+
+        if args.target or args.direct_only:
+            parser().error("--profile needs a gateway this run starts (not --target or --direct-only)")
+        if py_spy() is None:
+            parser().error("--profile needs py-spy: pip install 'webhook-gateway[loadtest]'")
+    if args.nginx:
+        from loadtests.processes import nginx
+
+        if args.target:
+            parser().error("--nginx needs the backends this run starts (not --target)")
+        if nginx() is None:
+            parser().error("--nginx needs nginx: apt-get install nginx-light")
     try:
         opts = options(args)
     except (argparse.ArgumentTypeError, ValueError) as exc:

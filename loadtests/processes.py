@@ -4,8 +4,10 @@ measured apart (``/proc/<pid>/stat``), plus the TLS material they share."""
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import resource
+import shutil
 import socket
 import subprocess
 import sys
@@ -171,3 +173,98 @@ async def wait_ready(endpoint: Endpoint, proc: subprocess.Popen[bytes] | None, t
                 last = str(exc)
             await trio.sleep(0.1)
     raise RuntimeError(f"not ready after {timeout:g} s: {last}")
+
+
+def py_spy() -> str | None:
+    """The ``py-spy`` executable next to this interpreter or on PATH, or None."""
+    beside = Path(sys.executable).parent / "py-spy"
+    if beside.exists():
+        return str(beside)
+    return shutil.which("py-spy")
+
+
+def spawn_profiler(exe: str, pid: int, out: Path, duration: float) -> subprocess.Popen[bytes]:
+    """``py-spy record`` against ``pid`` (and its worker processes) for ``duration`` seconds."""
+    cmd = [exe, "record", "--pid", str(pid), "--subprocesses", "--output", str(out), "--format", "flamegraph"]
+    cmd += ["--duration", str(max(1, math.ceil(duration))), "--nonblocking"]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # noqa: S603  # list argv
+
+
+def nginx() -> str | None:
+    """The ``nginx`` executable (Debian ``nginx-light``), or None."""
+    return shutil.which("nginx") or next(
+        (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if Path(p).exists()), None
+    )
+
+
+def write_nginx_conf(directory: Path, port: int, upstream: tuple[str, int], certs: Certs | None) -> Path:
+    """One nginx process: a TLS (or plaintext) listener proxying every request to ``upstream`` over
+    HTTP/1.1 keep-alive (TLS when the backends speak it), nothing written but its error log."""
+    directory.mkdir(parents=True, exist_ok=True)
+    scheme = "https" if certs else "http"
+    tls = (
+        f"ssl_certificate {certs.certfile}; ssl_certificate_key {certs.keyfile};\n"
+        "        proxy_ssl_session_reuse on; proxy_ssl_verify off;\n"
+        if certs
+        else ""
+    )
+    temp = "\n".join(
+        f"    {kind}_temp_path {directory / kind};"
+        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+    )
+    conf = directory / "nginx.conf"
+    conf.write_text(
+        f"""daemon off;
+master_process off;
+worker_processes 1;
+pid {directory / "nginx.pid"};
+error_log {directory / "error.log"} warn;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+{temp}
+    client_body_buffer_size 64k;
+    client_max_body_size 4m;
+    proxy_buffer_size 64k;
+    proxy_buffers 8 64k;
+    upstream backend {{ server {upstream[0]}:{upstream[1]}; keepalive 32; }}
+    server {{
+        listen 127.0.0.1:{port}{" ssl" if certs else ""};
+        keepalive_requests 1000000;
+        {tls}
+        location / {{
+            proxy_pass {scheme}://backend;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }}
+    }}
+}}
+"""
+    )
+    return conf
+
+
+def spawn_nginx(exe: str, conf: Path) -> subprocess.Popen[bytes]:
+    """Start nginx in the foreground as one process (its CPU is read like the gateway's)."""
+    cmd = [exe, "-p", str(conf.parent), "-c", str(conf), "-e", str(conf.parent / "error.log")]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)  # noqa: S603  # list argv
+
+
+async def wait_answering(endpoint: Endpoint, proc: subprocess.Popen[bytes], timeout: float = 15) -> None:
+    """Poll until ``endpoint`` answers any HTTP request (fails if ``proc`` exits first)."""
+    last = "no answer"
+    with trio.move_on_after(timeout):
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"exited with {proc.returncode} before it answered")
+            try:
+                conn = await Http1Connection.open(endpoint)
+                try:
+                    await conn.request(b"/", b"", method=b"GET")
+                finally:
+                    await conn.aclose()
+                return
+            except (OSError, ConnectionLostError) as exc:
+                last = str(exc)
+            await trio.sleep(0.1)
+    raise RuntimeError(f"not answering after {timeout:g} s: {last}")

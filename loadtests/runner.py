@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import math
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -59,6 +60,8 @@ class Options:
     progress: bool = True
     gateway_args: list[str] = field(default_factory=list)
     slow_fraction: float = 0.05
+    profile: str | None = None  # a path: a py-spy flame graph of the gateway during its first measured phase
+    nginx: bool = False  # also measure an nginx proxy hop in front of the same backend
 
 
 Step = tuple[bytes, ReviewTemplate, Expectation | None]
@@ -280,6 +283,73 @@ class RunResult:
     latencies: dict[str, list[float]] = field(default_factory=dict)  # last run's, for the histogram
 
 
+def _pid_of(pidfile: Path) -> int | None:
+    try:
+        return int(pidfile.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+async def _start_nginx(
+    stack: contextlib.ExitStack,
+    tmp: Path,
+    certs: processes.Certs | None,
+    ctx: Any,
+    backend: Endpoint,
+    *,
+    say: Callable[[str], None],
+) -> Endpoint:
+    """nginx as a plain proxy hop in front of the direct baseline's backend: the floor of a proxy."""
+    exe = processes.nginx()
+    assert exe is not None  # checked before the run
+    port = processes.free_port()
+    conf = processes.write_nginx_conf(tmp / "nginx", port, (backend.host, backend.port), certs)
+    say(f"starting nginx on 127.0.0.1:{port} in front of {backend.host}:{backend.port} …")
+    proc = stack.enter_context(processes.managed(processes.spawn_nginx(exe, conf)))
+    endpoint = Endpoint("127.0.0.1", port, ctx if certs else None, f"127.0.0.1:{port}")
+    probe_ctx = client_context(certs.ca_pem, "http1", False) if certs else None
+    probe = Endpoint("127.0.0.1", port, probe_ctx, f"127.0.0.1:{port}")
+    try:
+        await processes.wait_answering(probe, proc)
+    except (RuntimeError, OSError) as exc:
+        log = (tmp / "nginx" / "error.log").read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"nginx: {exc}\n{log}") from exc
+    return endpoint
+
+
+class _Profiling:
+    """``--profile``: py-spy records the gateway during its first measured phase, once."""
+
+    def __init__(self, out: str | None, duration: float) -> None:
+        self.out = Path(out) if out else None
+        self.duration = duration
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.done = out is None
+
+    def start(self, pid: int) -> None:
+        if self.done or self.proc is not None or self.out is None:
+            return
+        exe = processes.py_spy()
+        assert exe is not None  # checked before the run
+        self.proc = processes.spawn_profiler(exe, pid, self.out, self.duration)
+
+    async def finish(self, say: Callable[[str], None]) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        self.done = True
+        with trio.move_on_after(30):
+            await trio.to_thread.run_sync(proc.wait)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        output = proc.stdout.read().decode(errors="replace").strip() if proc.stdout else ""
+        if proc.returncode == 0:
+            say(f"wrote the flame graph {self.out}")
+        else:
+            raise RuntimeError(f"py-spy failed ({proc.returncode}): {output[-500:]}")
+
+
 @contextlib.contextmanager
 def _tempdir() -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="webhook-gateway-loadtest-") as d:
@@ -302,6 +372,7 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
 
         fleet = gateway = None
         direct_endpoint: Endpoint | None = None
+        nginx_endpoint: Endpoint | None = None
         direct_path = "/allow"
         gw_endpoint: Endpoint | None
         if opts.target:
@@ -345,8 +416,10 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
                 except (RuntimeError, OSError) as exc:
                     tail = log.read_text(errors="replace")[-4000:]
                     raise RuntimeError(f"{exc}\n--- gateway log (tail) ---\n{tail}") from exc
+            if opts.nginx:
+                nginx_endpoint = await _start_nginx(stack, tmp, certs, ctx, direct_endpoint, say=say)
             known = True
-            for ep in (gw_endpoint, direct_endpoint):
+            for ep in (gw_endpoint, direct_endpoint, nginx_endpoint):
                 assert ep is None or _loopback(ep.host), "without --target, traffic stays on loopback"
 
         gw_work = gateway_workload(scenario, gw_endpoint, templates, known) if gw_endpoint else None
@@ -355,12 +428,21 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
             if direct_endpoint is not None and opts.direct
             else None
         )
+        nginx_work = (
+            direct_workload(scenario, nginx_endpoint, direct_path, templates) if nginx_endpoint else None
+        )
+        nginx_pid = _pid_of(tmp / "nginx" / "nginx.pid") if nginx_endpoint else None
+        profiling = _Profiling(opts.profile, opts.duration)
         loads: list[float | None] = list(opts.rates) if opts.rates else [None]
         for rate in loads:
-            point: dict[str, list[PhaseResult]] = {"direct": [], "gateway": []}
+            point: dict[str, list[PhaseResult]] = {"direct": []}
+            if nginx_work is not None:
+                point["nginx"] = []  # between the two: the floor line of a proxy
+            point["gateway"] = []
             for rep in range(opts.repeat):
                 for name, work, pid in (
                     ("direct", direct_work, fleet.pid if fleet else None),
+                    ("nginx", nginx_work, nginx_pid),
                     ("gateway", gw_work, gateway.pid if gateway else None),
                 ):
                     if work is None:
@@ -377,12 +459,16 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
                     rec = Recorder()
                     snap: dict[str, float] = {}
 
-                    def snapshot(pid: int | None = pid, snap: dict[str, float] = snap) -> None:
+                    def snapshot(
+                        pid: int | None = pid, snap: dict[str, float] = snap, name: str = name
+                    ) -> None:
                         if fleet:
                             snap["fleet"] = processes.proc_cpu_seconds(fleet.pid)
                         if pid:
                             snap["server"] = processes.proc_cpu_seconds(pid)
                         snap["self"] = processes.self_cpu_seconds()
+                        if pid and name == "gateway":
+                            profiling.start(pid)
 
                     label = f"{name} {'closed' if rate is None else f'{rate:g}/s'} #{rep + 1}"
                     offered = await Generator(work, opts, opts.protocol, ctx).run(
@@ -394,6 +480,8 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
                         progress=progress,
                         on_started=snapshot,
                     )
+                    if name == "gateway":
+                        await profiling.finish(say)
                     n = max(rec.ok_count + rec.error_count, 1)
                     extra: dict[str, Any] = {
                         "generator_cpu_us_per_review": (processes.self_cpu_seconds() - snap["self"]) / n * 1e6

@@ -34,14 +34,57 @@ _NEVER_INDEXED = frozenset({b"authorization", b"proxy-authorization", b"tracepar
 
 
 class _LiteralEncoder(hpack.Encoder):
-    """HPACK without Huffman coding of literals.
+    """HPACK as plain literals: no Huffman coding, no dynamic table, each field's bytes memoised.
 
-    Pure-Python Huffman coding costs ~12 µs per call; HTTP/2 is only spoken to loopback backends
-    (TRN-08), where the few bytes it saves do not matter. Decoders accept both forms.
+    Pure-Python HPACK (table search, Huffman coding) cost ~25 µs per call; HTTP/2 is only spoken to
+    loopback backends (TRN-08), where the few bytes indexing saves do not matter. Every field is a
+    "literal without indexing" (RFC 7541 §6.2.2; credentials "never indexed", §6.2.3), so the
+    encoding of a field does not depend on earlier blocks and most fields of a call (method, path,
+    authority, content type) are the same bytes every time: they are kept per connection, bounded.
+    Decoders accept this form like any other.
     """
 
+    MEMO_FIELDS = 256
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._memo: dict[tuple[bytes, bytes], bytes] = {}
+
     def encode(self, headers: Any, huffman: bool = True) -> bytes:
-        return super().encode(headers, huffman=False)
+        if self.table_size_changes:  # a peer's new HEADER_TABLE_SIZE: hpack signals it (rare)
+            return super().encode(headers, huffman=False)
+        memo = self._memo
+        block = []
+        for header in headers:
+            name, value = header[0], header[1]
+            if isinstance(header, hpack.HeaderTuple) and not header.indexable:
+                block.append(_literal(0x10, name, value))  # never indexed, never memoised
+                continue
+            field = memo.get((name, value))
+            if field is None:
+                field = _literal(0x00, name, value)
+                if len(memo) < self.MEMO_FIELDS:
+                    memo[name, value] = field
+            block.append(field)
+        return b"".join(block)
+
+
+def _literal(first: int, name: bytes, value: bytes) -> bytes:
+    """One literal header field with a new name (RFC 7541 §6.2.2/§6.2.3), no Huffman coding."""
+    return b"".join((bytes((first,)), _length(len(name)), name, _length(len(value)), value))
+
+
+def _length(n: int) -> bytes:
+    """A string length: an HPACK integer with a 7-bit prefix and the Huffman bit clear (§5.1)."""
+    if n < 0x7F:
+        return bytes((n,))
+    out = bytearray((0x7F,))
+    n -= 0x7F
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
 
 
 def _outbound(headers: Sequence[Header]) -> list[Any]:
