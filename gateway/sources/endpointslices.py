@@ -24,7 +24,14 @@ import structlog
 import trio
 
 from gateway.config.model import Snapshot
-from gateway.sources.kube import KubeAPIError, KubeClient, KubeError, decode_status
+from gateway.sources.kube import (
+    KubeAPIError,
+    KubeClient,
+    KubeError,
+    ListMeta,
+    decode_status,
+    watch_event_decoder,
+)
 from gateway.sources.namespaces import Backoff, WatchExpiredError
 
 log = structlog.get_logger(__name__)
@@ -80,24 +87,13 @@ class _EndpointSlice(msgspec.Struct, rename="camel"):
     ports: list[_Port] | None = None
 
 
-class _ListMeta(msgspec.Struct, rename="camel"):
-    resource_version: str = ""
-    continue_: str = msgspec.field(name="continue", default="")
-
-
 class _EndpointSliceList(msgspec.Struct):
-    metadata: _ListMeta = msgspec.field(default_factory=_ListMeta)
+    metadata: ListMeta = msgspec.field(default_factory=ListMeta)
     items: list[_EndpointSlice] = msgspec.field(default_factory=list)
-
-
-class _WatchEvent(msgspec.Struct):
-    type: str
-    object: msgspec.Raw = msgspec.Raw(b"null")
 
 
 _slice_decoder: Final = msgspec.json.Decoder(_EndpointSlice)
 _list_decoder: Final = msgspec.json.Decoder(_EndpointSliceList)
-_event_decoder: Final = msgspec.json.Decoder(_WatchEvent)
 
 
 def slices_path(namespace: str) -> str:
@@ -267,7 +263,7 @@ class ClusterEndpointSlices:
         self, key: ServiceKey, slices: dict[str, list[ServiceEndpoint]], line: bytes, url: str
     ) -> tuple[str, bool]:
         try:
-            event = _event_decoder.decode(line)
+            event = watch_event_decoder.decode(line)
             if event.type == "ERROR":
                 status = decode_status(bytes(event.object))
                 code = status.code if status else 0

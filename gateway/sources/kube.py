@@ -76,6 +76,23 @@ class APIStatus(msgspec.Struct, kw_only=True):
 _status_decoder: Final = msgspec.json.Decoder(APIStatus)
 
 
+class ListMeta(msgspec.Struct, rename="camel"):
+    """``metadata`` of a List: where a watch starts, and the next page's token."""
+
+    resource_version: str = ""
+    continue_: str = msgspec.field(name="continue", default="")
+
+
+class WatchEvent(msgspec.Struct):
+    """One line of a watch stream; ``object`` is decoded by the reflector that knows its kind."""
+
+    type: str
+    object: msgspec.Raw = msgspec.Raw(b"null")
+
+
+watch_event_decoder: Final = msgspec.json.Decoder(WatchEvent)
+
+
 def decode_status(body: bytes) -> APIStatus | None:
     """The Status in ``body``, or ``None`` when the body is not one (a proxy's HTML page ...)."""
     try:

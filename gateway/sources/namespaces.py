@@ -29,7 +29,14 @@ import trio
 from gateway.config.model import Snapshot
 from gateway.errors import NamespaceLookupError
 from gateway.sources.configdir import ConfigStore
-from gateway.sources.kube import KubeAPIError, KubeClient, KubeError, decode_status
+from gateway.sources.kube import (
+    KubeAPIError,
+    KubeClient,
+    KubeError,
+    ListMeta,
+    decode_status,
+    watch_event_decoder,
+)
 from gateway.wire.kubeconfig import redact_url
 
 log = structlog.get_logger(__name__)
@@ -109,24 +116,13 @@ class _Namespace(msgspec.Struct):
     metadata: _ObjectMeta = msgspec.field(default_factory=_ObjectMeta)
 
 
-class _ListMeta(msgspec.Struct, rename="camel"):
-    resource_version: str = ""
-    continue_: str = msgspec.field(name="continue", default="")
-
-
 class _NamespaceList(msgspec.Struct):
-    metadata: _ListMeta = msgspec.field(default_factory=_ListMeta)
+    metadata: ListMeta = msgspec.field(default_factory=ListMeta)
     items: list[_Namespace] = msgspec.field(default_factory=list)
-
-
-class _WatchEvent(msgspec.Struct):
-    type: str
-    object: msgspec.Raw = msgspec.Raw(b"null")
 
 
 _namespace_decoder: Final = msgspec.json.Decoder(_Namespace)
 _list_decoder: Final = msgspec.json.Decoder(_NamespaceList)
-_event_decoder: Final = msgspec.json.Decoder(_WatchEvent)
 
 NAMESPACES_PATH: Final = "/api/v1/namespaces"
 
@@ -326,7 +322,7 @@ class ClusterNamespaces:
     def _apply(self, line: bytes, url: str) -> str:
         """Apply one watch event to the cache; returns the resourceVersion it carries."""
         try:
-            event = _event_decoder.decode(line)
+            event = watch_event_decoder.decode(line)
             if event.type == "ERROR":
                 status = decode_status(bytes(event.object))
                 code = status.code if status else 0
