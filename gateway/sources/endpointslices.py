@@ -29,10 +29,11 @@ from gateway.sources.kube import (
     KubeClient,
     KubeError,
     ListMeta,
-    decode_status,
+    WatchExpiredError,
+    watch_error,
     watch_event_decoder,
 )
-from gateway.sources.namespaces import Backoff, WatchExpiredError
+from gateway.sources.namespaces import Backoff
 
 log = structlog.get_logger(__name__)
 
@@ -265,12 +266,7 @@ class ClusterEndpointSlices:
         try:
             event = watch_event_decoder.decode(line)
             if event.type == "ERROR":
-                status = decode_status(bytes(event.object))
-                code = status.code if status else 0
-                text = status.message if status and status.message else bytes(event.object).decode()
-                if code == 410:
-                    raise WatchExpiredError(text)
-                raise KubeAPIError(text, code=code, reason=status.reason if status else "")
+                raise watch_error(event)
             item = _slice_decoder.decode(event.object)
         except msgspec.DecodeError as exc:
             raise KubeError(f'Get "{url}": undecodable watch event: {exc}') from exc

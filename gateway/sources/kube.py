@@ -93,6 +93,18 @@ class WatchEvent(msgspec.Struct):
 watch_event_decoder: Final = msgspec.json.Decoder(WatchEvent)
 
 
+class WatchExpiredError(KubeError):
+    """The watch's resourceVersion is too old (410 Gone/Expired): only a re-list helps."""
+
+
+def watch_error(event: WatchEvent) -> KubeAPIError:
+    """The error an ``ERROR`` watch event carries; the watch loop turns code 410 into a re-list."""
+    status = decode_status(bytes(event.object))
+    code = status.code if status else 0
+    text = status.message if status and status.message else bytes(event.object).decode(errors="replace")
+    return KubeAPIError(text, code=code, reason=status.reason if status else "")
+
+
 def decode_status(body: bytes) -> APIStatus | None:
     """The Status in ``body``, or ``None`` when the body is not one (a proxy's HTML page ...)."""
     try:

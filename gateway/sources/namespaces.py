@@ -34,7 +34,8 @@ from gateway.sources.kube import (
     KubeClient,
     KubeError,
     ListMeta,
-    decode_status,
+    WatchExpiredError,
+    watch_error,
     watch_event_decoder,
 )
 from gateway.wire.kubeconfig import redact_url
@@ -125,10 +126,6 @@ _namespace_decoder: Final = msgspec.json.Decoder(_Namespace)
 _list_decoder: Final = msgspec.json.Decoder(_NamespaceList)
 
 NAMESPACES_PATH: Final = "/api/v1/namespaces"
-
-
-class WatchExpiredError(KubeError):
-    """The watch's resourceVersion is too old (410 Gone/Expired): only a re-list helps."""
 
 
 # --- cluster mode: back-off ------------------------------------------------------------------------
@@ -324,12 +321,7 @@ class ClusterNamespaces:
         try:
             event = watch_event_decoder.decode(line)
             if event.type == "ERROR":
-                status = decode_status(bytes(event.object))
-                code = status.code if status else 0
-                text = status.message if status and status.message else bytes(event.object).decode()
-                if code == 410:
-                    raise WatchExpiredError(text)
-                raise KubeAPIError(text, code=code, reason=status.reason if status else "")
+                raise watch_error(event)
             namespace = _namespace_decoder.decode(event.object)
         except msgspec.DecodeError as exc:
             raise KubeError(f'Get "{url}": undecodable watch event: {exc}') from exc
