@@ -25,6 +25,7 @@ from gateway.dispatch.invoke import (
 )
 from gateway.dispatch.outcome import (
     SIDE_EFFECTS_REFUSED_ON_DRY_RUN,
+    Admission,
     Allowed,
     CallFailed,
     DispatchSettings,
@@ -83,17 +84,36 @@ async def validate(
     if not selected:
         return settle("validating", report, [], settings)  # VAL-02 (or only Shadow-mode backends)
 
+    # Admission is decided here, in configuration order, before any task starts: a call that is not
+    # made (dry run, deadline, shedding, an open circuit, a full bulkhead) settles at once and costs
+    # no task. Under overload every call of a shed review ends this way, so it must be cheap.
     outcomes: list[Outcome | None] = [None] * len(selected)
+    pending: list[tuple[int, Webhook, Admission, float]] = []
+    for i, (hook, pre_error) in enumerate(selected):
+        admitted = _admit(backends, hook, attrs, pre_error, position=i, deadline=deadline)
+        if isinstance(admitted, tuple):
+            pending.append((i, hook, *admitted))
+        else:
+            outcomes[i] = admitted
 
-    async def run(i: int, hook: Webhook, pre_error: CallingWebhookError | None) -> None:
-        outcomes[i] = await _invoke(backends, hook, inbound, attrs, pre_error, position=i, deadline=deadline)
+    async def run(i: int, hook: Webhook, admission: Admission, started: float) -> None:
+        outcomes[i] = await _call(
+            backends,
+            hook,
+            inbound,
+            attrs,
+            admission=admission,
+            started=started,
+            position=i,
+            deadline=deadline,
+        )
 
-    if len(selected) == 1:  # nothing to run concurrently: spare the nursery and its task
-        await run(0, *selected[0])
-    else:
+    if len(pending) == 1:  # nothing to run concurrently: spare the nursery and its task
+        await run(*pending[0])
+    elif pending:
         async with trio.open_nursery() as nursery:
-            for i, (hook, pre_error) in enumerate(selected):
-                nursery.start_soon(run, i, hook, pre_error)
+            for call in pending:
+                nursery.start_soon(run, *call)
 
     settled = [o for o in outcomes if o is not None]  # every task stored its outcome or the nursery raised
     report.deadline_exhausted = trio.current_time() >= deadline and any(
@@ -128,6 +148,32 @@ async def _invoke(
     deadline: float,
 ) -> Outcome:
     """One validating backend → its outcome (VAL-05/06, FPT-09)."""
+    admitted = _admit(backends, hook, attrs, pre_error, position=position, deadline=deadline)
+    if not isinstance(admitted, tuple):
+        return admitted
+    admission, started = admitted
+    return await _call(
+        backends,
+        hook,
+        inbound,
+        attrs,
+        admission=admission,
+        started=started,
+        position=position,
+        deadline=deadline,
+    )
+
+
+def _admit(
+    backends: Backends,
+    hook: Webhook,
+    attrs: AdmissionAttributes,
+    pre_error: CallingWebhookError | None,
+    *,
+    position: int,
+    deadline: float,
+) -> Outcome | tuple[Admission, float]:
+    """The outcome of a call that is not made, or the admission (and start time) of one that is."""
     if attrs.dry_run and hook.side_effects in SIDE_EFFECTS_REFUSED_ON_DRY_RUN:
         return DryRunRefused(Invocation(hook, position=position), status.dry_run_status(hook.name))
     clock = backends.clock
@@ -139,9 +185,33 @@ async def _invoke(
             error = deadline_exceeded(backends.caller, hook)
         # the backend policy seam (see gateway.dispatch.outcome): a refusal is the call's error
         admission = backends.policy.admit(hook) if error is None else error
-        if isinstance(admission, CallingWebhookError):
-            at = Invocation(hook, seconds=clock() - started, position=position, mode=mode)
-            return CallFailed(at, admission)
+    except Exception as exc:
+        log.exception("backend handling failed", webhook=hook.name)
+        return Panicked(
+            Invocation(hook, seconds=clock() - started, position=position, mode=mode), str(exc), repr(exc)
+        )
+    if isinstance(admission, CallingWebhookError):
+        return CallFailed(
+            Invocation(hook, seconds=clock() - started, position=position, mode=mode), admission
+        )
+    return admission, started
+
+
+async def _call(
+    backends: Backends,
+    hook: Webhook,
+    inbound: InboundReview,
+    attrs: AdmissionAttributes,
+    *,
+    admission: Admission,
+    started: float,
+    position: int,
+    deadline: float,
+) -> Outcome:
+    """Make one admitted call; its outcome is told to ``admission`` exactly once (VAL-05/06)."""
+    clock = backends.clock
+    mode = backends.policy.mode(hook)
+    try:
         try:
             called = await call_backend(
                 backends.caller, hook, inbound, attrs, deadline=deadline, mutating=False
