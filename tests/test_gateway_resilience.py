@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import trio
 import yaml
+from structlog.testing import capture_logs
 
 from gateway.cli import parse
 from gateway.devtools.backends import serve_backend
@@ -65,11 +66,15 @@ async def test_open_circuit_answers_without_calling_the_stalled_backend(
     running = await _gateway_with_metrics(nursery, tmp_path / "c")
     client = await gateway_client(running)
     answers = []
-    for _ in range(5):
-        got = await client.post("/validate", json.dumps(review(pod())).encode())
-        assert got is not None and got.status == 200
-        answers.append(got.json["response"])
+    with capture_logs() as logs:
+        for _ in range(5):
+            got = await client.post("/validate", json.dumps(review(pod())).encode())
+            assert got is not None and got.status == 200
+            answers.append(got.json["response"])
     assert len(server.calls) == 2, "calls 3..5 were not made: the circuit was open"
+    warned = [e.get("error_kind") for e in logs if e["event"] == "backend failed open"]
+    if failure_policy == "Ignore":  # the 3 calls not made are one line, not one per review
+        assert warned == ["timeout", "timeout", "circuit_open"], warned
     last = answers[-1]
     if denial is None:
         assert last["allowed"] is True

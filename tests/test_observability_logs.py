@@ -467,6 +467,56 @@ def test_fail_open_warning(record: InvocationRecord, warned: bool, review_log: b
     assert len(review_lines(logs)) == (1 if review_log else 0)
 
 
+NOT_MADE = [
+    pytest.param(
+        "shed",
+        [0.0, 0.1, 0.5, 0.99, 1.2, 1.3, 2.5],
+        [(0.0, 0), (1.2, 3), (2.5, 1)],
+        id="a call not made because the review was shed is warned once per webhook per second, "
+        "the next warning counting the ones left out",
+    ),
+    pytest.param(
+        "circuit_open",
+        [0.0, 0.2, 0.4],
+        [(0.0, 0)],
+        id="a call not made because the circuit is open is warned once per webhook per second",
+    ),
+    pytest.param(
+        "max_in_flight",
+        [0.0, 1.0, 2.0],
+        [(0.0, 0), (1.0, 0), (2.0, 0)],
+        id="a call not made because of maxInFlight: one a second is each warned",
+    ),
+    pytest.param(
+        "timeout",
+        [0.0, 0.1, 0.2],
+        [(0.0, 0), (0.1, 0), (0.2, 0)],
+        id="FPT-03: a call that was made and failed is warned every time, however often",
+    ),
+]
+
+
+@pytest.mark.parametrize(("kind", "at", "warned"), NOT_MADE)
+def test_calls_not_made_are_warned_at_most_once_a_second(
+    kind: str, at: list[float], warned: list[tuple[float, int]]
+) -> None:
+    """An overload (or an open circuit) makes every review fail open on the same backends: one
+    warning per review would flood the log, so calls the gateway did not make are throttled per
+    webhook and reason; each review's own line still lists them, and the metrics count every one."""
+    now = [0.0]
+    with capture_logs() as logs:
+        obs = Observability(metrics=False, clock=lambda: now[0])
+        for t in at:
+            now[0] = t
+            record = rec("ign.example.com", "failed_open", 503, reason="not made", error_kind=kind)
+            other = rec("other.example.com", "failed_open", 503, reason="not made", error_kind=kind)
+            observe(obs, "validating", answer("validating", record, other))
+    for webhook in ("ign.example.com", "other.example.com"):
+        warnings = [e for e in logs if e["event"] == "backend failed open" and e["webhook"] == webhook]
+        assert [e.get("suppressed", 0) for e in warnings] == [n for _, n in warned]
+    assert len(review_lines(logs)) == len(at), "every review keeps its own line"
+
+
 def test_dropped_entries_are_warned() -> None:
     """AUD-02: annotations or warnings dropped by dispatch are logged as a warning."""
     verdict = answer("validating", rec("a.example.com"))

@@ -9,8 +9,9 @@ load attempt. Metrics and the canonical line can each be switched off (``--no-me
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+import time
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any, Final, Protocol
 
 import structlog
 
@@ -28,6 +29,39 @@ from gateway.observability.canonical import (
 from gateway.observability.metrics import Metrics
 from gateway.resilience import CircuitState, Transition
 
+# Calls the gateway decided not to make: overload shedding, an open circuit, a full bulkhead. While
+# such a condition lasts, every review fails open on the same backends; one warning line per review
+# and backend would turn an overload into a log flood (and cost the CPU the shedding saves). They
+# are logged at most once per webhook and reason per second, each line counting the ones left out
+# since the previous; the metrics and each review's own line still record every one.
+CALLS_NOT_MADE: Final = frozenset({"shed", "circuit_open", "max_in_flight"})
+
+
+class LineThrottle:
+    """At most one line per key per ``window`` seconds; ``admit`` says how many were left out before."""
+
+    __slots__ = ("_clock", "_last", "_left_out", "_max_keys", "_window")
+
+    def __init__(self, clock: Callable[[], float], window: float = 1.0, max_keys: int = 4096) -> None:
+        self._clock = clock
+        self._window = window
+        self._max_keys = max_keys  # keys are webhook names x reasons; bounded all the same
+        self._last: dict[Hashable, float] = {}
+        self._left_out: dict[Hashable, int] = {}
+
+    def admit(self, key: Hashable) -> int | None:
+        """None: leave this line out. Otherwise write it, noting the returned count left out."""
+        now = self._clock()
+        last = self._last.get(key)
+        if last is not None and now - last < self._window:
+            self._left_out[key] = self._left_out.get(key, 0) + 1
+            return None
+        if last is None and len(self._last) >= self._max_keys:
+            self._last.clear()
+            self._left_out.clear()
+        self._last[key] = now
+        return self._left_out.pop(key, 0)
+
 
 class Observability:
     """Records every review in ``metrics`` (if given) and writes its canonical log line.
@@ -43,6 +77,7 @@ class Observability:
         review_log: bool = True,
         log_bodies: bool = False,
         logger: Any = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``metrics``: a ``Metrics`` to record into, True for a new one, False/None for none."""
         if metrics is True:
@@ -52,6 +87,7 @@ class Observability:
         self.log_bodies = log_bodies
         self._log: Any = logger if logger is not None else structlog.get_logger("gateway.review")
         self._bound: Any = None  # the configured logger, resolved on first use (skips the lazy proxy)
+        self._not_made = LineThrottle(clock)
 
     # --- ReviewObserver --------------------------------------------------------------------------
 
@@ -91,10 +127,17 @@ class Observability:
                 uid = inbound.uid if inbound is not None else ""
                 for record in report.invocations:
                     if record.outcome == "failed_open":
+                        left_out = 0
+                        if record.error_kind in CALLS_NOT_MADE:
+                            admitted = self._not_made.admit((record.name, record.error_kind))
+                            if admitted is None:
+                                continue
+                            left_out = admitted
                         trace_id = trace_id or trace_id_of(trace)
-                        log.warning(
-                            "backend failed open", **failed_open_fields(endpoint, uid, record, trace_id)
-                        )
+                        fields = failed_open_fields(endpoint, uid, record, trace_id)
+                        if left_out:
+                            fields["suppressed"] = left_out
+                        log.warning("backend failed open", **fields)
             if report is not None and report.conditions:
                 for condition in report.conditions:
                     for name, message in condition.errors:  # MAT-26/29: backend and condition named
