@@ -59,6 +59,13 @@ def parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--repeat", type=int, default=1, help="repeat each phase and report medians (e.g. 3)")
     g.add_argument(
+        "--reload-every",
+        type=float,
+        metavar="SECONDS",
+        help="soak: during every measured gateway phase, change the gateway's configuration this often "
+        "(an annotation, and a webhook matching nothing added or removed) and count the reloads it applies",
+    )
+    g.add_argument(
         "--quick", action="store_true", help="< 1 minute correctness smoke: 2 s phases, exit 1 on any error"
     )
     w = p.add_argument_group("wire")
@@ -111,9 +118,23 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also measure nginx as a plain TLS proxy hop in front of the same backend (a third row)",
     )
+    o.add_argument(
+        "--rss-every",
+        type=float,
+        metavar="SECONDS",
+        help="sample the gateway's resident set (VmRSS) this often during its phases and print the series "
+        "(default 30 with --reload-every or --duration >= 300, else off; 0: off)",
+    )
     o.add_argument("--no-progress", action="store_true")
     o.add_argument("--seed", type=int, default=0)
     return p
+
+
+def _rss_every(args: argparse.Namespace) -> float | None:
+    if args.rss_every is not None:
+        return args.rss_every or None
+    soaking = args.reload_every or args.duration >= 300
+    return 30.0 if soaking and not args.target and not args.direct_only else None
 
 
 def options(args: argparse.Namespace) -> Options:
@@ -145,6 +166,8 @@ def options(args: argparse.Namespace) -> Options:
         slow_fraction=args.slow_fraction,
         profile=str(args.profile) if args.profile else None,
         nginx=args.nginx,
+        reload_every=args.reload_every,
+        rss_every=_rss_every(args),
     )
     if args.quick:
         opts.duration = min(opts.duration, 2.0)
@@ -183,6 +206,13 @@ def main(argv: list[str] | None = None) -> int:
             parser().error("--profile needs a gateway this run starts (not --target or --direct-only)")
         if py_spy() is None:
             parser().error("--profile needs py-spy: pip install 'webhook-gateway[loadtest]'")
+    if args.reload_every is not None and args.reload_every <= 0:
+        parser().error("--reload-every takes a positive number of seconds")
+    if args.rss_every is not None and args.rss_every < 0:
+        parser().error("--rss-every takes a number of seconds (0: off)")
+    for flag, value in (("--reload-every", args.reload_every), ("--rss-every", args.rss_every)):
+        if value and (args.target or args.direct_only):
+            parser().error(f"{flag} needs a gateway this run starts (not --target or --direct-only)")
     if args.nginx:
         from loadtests.processes import nginx
 

@@ -44,6 +44,15 @@ def proc_peak_rss_mb(pid: int) -> float:
     return peak + sum(_or_zero(proc_peak_rss_mb, child) for child in _children(pid))
 
 
+def proc_rss_mb(pid: int) -> float:
+    """Resident set size now (VmRSS) of ``pid`` and its live descendants, summed, in MiB."""
+    rss = float("nan")
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            rss = int(line.split()[1]) / 1024
+    return rss + sum(_or_zero(proc_rss_mb, child) for child in _children(pid))
+
+
 def _or_zero(measure: Callable[[int], float], pid: int) -> float:
     try:
         return measure(pid)

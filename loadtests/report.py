@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from loadtests.runner import RunResult
+from loadtests.soak import describe_rss, summarize_rss
 from loadtests.stats import LatencySummary, PhaseResult, median_result
 
 
@@ -126,6 +127,14 @@ def table(result: RunResult) -> str:
     injected = sum(r.injected for point in result.points for runs in point.values() for r in runs)
     if injected:
         lines.append(f"answers reflecting injected backend errors (counted correct): {injected:,}")
+    if result.reloads is not None:
+        rl = result.reloads
+        lines.append(
+            f"configuration reloads in gateway phases: {rl.requested:,} requested, {rl.applied:,} applied,"
+            f" {rl.refused:,} refused, {rl.not_seen:,} not seen (refused and not seen count as errors)"
+        )
+    if result.rss is not None:
+        lines += describe_rss(result.rss)
     lines.append(
         "CPU µs/rev: the measured server process (gateway; in the direct row, the backend fleet);"
         " backend µs: the fleet process, per review"
@@ -156,6 +165,14 @@ def to_json(result: RunResult) -> dict[str, Any]:
             }
             for point, med in zip(result.points, medians(result), strict=True)
         ],
+        "reloads": asdict(result.reloads) if result.reloads is not None else None,
+        "rss": {
+            "every_s": result.rss.every,
+            "series": [{"t_s": t, "mb": mb} for t, mb in result.rss.samples],
+            "summary": summarize_rss(result.rss.samples),
+        }
+        if result.rss is not None
+        else None,
     }
 
 

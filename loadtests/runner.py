@@ -16,7 +16,7 @@ from typing import Any
 
 import trio
 
-from loadtests import processes
+from loadtests import processes, soak
 from loadtests.client import ConnectionLostError, Endpoint, H2Connection, Http1Connection, client_context
 from loadtests.drive import arrival_offsets, drive_closed_loop, drive_open_loop
 from loadtests.fixtures import ReviewTemplate, review_templates, with_labels
@@ -62,6 +62,8 @@ class Options:
     slow_fraction: float = 0.05
     profile: str | None = None  # a path: a py-spy flame graph of the gateway during its first measured phase
     nginx: bool = False  # also measure an nginx proxy hop in front of the same backend
+    reload_every: float | None = None  # soak: rewrite the gateway's configuration this often in its phases
+    rss_every: float | None = None  # soak: sample the gateway's VmRSS this often in its phases
 
 
 Step = tuple[bytes, ReviewTemplate, Expectation | None]
@@ -281,6 +283,8 @@ class RunResult:
     options: Options
     points: list[dict[str, list[PhaseResult]]] = field(default_factory=list)
     latencies: dict[str, list[float]] = field(default_factory=dict)  # last run's, for the histogram
+    reloads: soak.Reloads | None = None  # --reload-every: rewrites asked for, applied, refused
+    rss: soak.RssSeries | None = None  # --rss-every: the gateway's resident set over the run
 
 
 def _pid_of(pidfile: Path) -> int | None:
@@ -371,6 +375,14 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
             templates["slow"] = review_templates(opts.size_kb, opts.review_version, slow=True)
 
         fleet = gateway = None
+        probe: Endpoint | None = None
+        gateway_args = list(opts.gateway_args)
+        reload_wait = 0.0  # how long, after a phase, the gateway may take to act on the last rewrite
+        if opts.reload_every and opts.gateway and not opts.target:
+            poll = soak.poll_seconds(opts.reload_every, gateway_args)
+            if poll is not None:
+                gateway_args.append(f"--config-poll-seconds={poll:g}")
+            reload_wait = 2 * (poll or 2.0) + 5
         direct_endpoint: Endpoint | None = None
         nginx_endpoint: Endpoint | None = None
         direct_path = "/allow"
@@ -404,7 +416,7 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
                 say(f"starting the gateway on 127.0.0.1:{gw_port} (config in {tmp / 'config'}) …")
                 gateway = stack.enter_context(
                     processes.managed(
-                        processes.spawn_gateway(tmp / "config", gw_port, certs, log, opts.gateway_args)
+                        processes.spawn_gateway(tmp / "config", gw_port, certs, log, gateway_args)
                     )
                 )
                 gw_endpoint = Endpoint("127.0.0.1", gw_port, ctx if certs else None, f"127.0.0.1:{gw_port}")
@@ -433,6 +445,12 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
         )
         nginx_pid = _pid_of(tmp / "nginx" / "nginx.pid") if nginx_endpoint else None
         profiling = _Profiling(opts.profile, opts.duration)
+        churn = None
+        if opts.reload_every and gateway is not None:
+            churn = soak.ConfigChurn(tmp / "config")
+            result.reloads = soak.Reloads()
+        if opts.rss_every and gateway is not None:
+            result.rss = soak.RssSeries(opts.rss_every)
         loads: list[float | None] = list(opts.rates) if opts.rates else [None]
         for rate in loads:
             point: dict[str, list[PhaseResult]] = {"direct": []}
@@ -471,15 +489,39 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
                             profiling.start(pid)
 
                     label = f"{name} {'closed' if rate is None else f'{rate:g}/s'} #{rep + 1}"
-                    offered = await Generator(work, opts, opts.protocol, ctx).run(
-                        rec,
-                        duration=opts.duration,
-                        requests=opts.requests,
-                        rate=rate,
-                        label=label,
-                        progress=progress,
-                        on_started=snapshot,
-                    )
+                    # Soak (--reload-every, --rss-every): only during the measured gateway phases.
+                    soak_gw = gateway if name == "gateway" else None
+                    churning = churn if soak_gw is not None and probe is not None else None
+                    before = await soak.read_reload_counts(probe) if churning and probe else (0, 0)
+                    written = churn.written if churn is not None else 0
+                    async with trio.open_nursery() as soak_tasks:
+                        if churning is not None and opts.reload_every:
+                            soak_tasks.start_soon(soak.churn_during_phase, churning, opts.reload_every)
+                        if soak_gw is not None and result.rss is not None:
+                            soak_tasks.start_soon(result.rss.during_phase, soak_gw.pid)
+                        offered = await Generator(work, opts, opts.protocol, ctx).run(
+                            rec,
+                            duration=opts.duration,
+                            requests=opts.requests,
+                            rate=rate,
+                            label=label,
+                            progress=progress,
+                            on_started=snapshot,
+                        )
+                        soak_tasks.cancel_scope.cancel()
+                    if soak_gw is not None and result.rss is not None:
+                        result.rss.sample(soak_gw.pid)  # the phase's end
+                    if churning is not None and probe is not None and result.reloads is not None:
+                        asked = churning.written - written
+                        applied, refused = await soak.settle(probe, before, asked, reload_wait)
+                        result.reloads.requested += asked
+                        result.reloads.applied += applied
+                        result.reloads.refused += refused
+                        # A refused or unseen reload is an error of the phase (and the exit status).
+                        for _ in range(refused):
+                            rec.error("reload-refused")
+                        for _ in range(max(asked - applied - refused, 0)):
+                            rec.error("reload-not-applied")
                     if name == "gateway":
                         await profiling.finish(say)
                     n = max(rec.ok_count + rec.error_count, 1)

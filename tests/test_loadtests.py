@@ -22,6 +22,7 @@ from loadtests.drive import arrival_offsets, drive_closed_loop, drive_open_loop
 from loadtests.fixtures import SLOW_LABEL, review_templates
 from loadtests.runner import Options, run
 from loadtests.scenarios import SCENARIOS, Expectation, build, expect_direct, expect_gateway, write_configs
+from loadtests.soak import ConfigChurn, reload_counts, summarize_rss
 from loadtests.stats import LatencySummary, PhaseResult, Recorder, median_result, percentile, summarize
 from loadtests.verify import INJECTED, OK, Verifier
 
@@ -518,3 +519,134 @@ def test_abuse_quick_keeps_well_behaved_callers_served(attack: str, tmp_path: Pa
     phases = json.loads(out.read_text())[attack]
     assert [p["name"] for p in phases] == ["before", "during", "after"]
     assert all(p["ok"] > 0 and p["errors"] == 0 and p["fds"] > 0 for p in phases)
+
+
+# ------------------------------------------------------------------------------------------------
+# Soak mode: configuration churn, reload counting and the resident-set series
+
+RSS_SUMMARIES = [
+    pytest.param(
+        [(0, 60.0), (150, 70.0), (300, 75.0), (900, 76.5), (1800, 78.0)],
+        {"first_mb": 60.0, "last_mb": 78.0, "max_mb": 78.0, "baseline_s": 300, "baseline_mb": 75.0}
+        | {"end_s": 1800, "growth_mb": 3.0, "growth_pct": 4.0},
+        id="a 30-minute run grows from the sample at 5 minutes, not from the cold start",
+    ),
+    pytest.param(
+        [(0, 50.0), (240, 64.0), (330, 80.0), (600, 72.0)],
+        {"first_mb": 50.0, "last_mb": 72.0, "max_mb": 80.0, "baseline_s": 240, "baseline_mb": 64.0}
+        | {"end_s": 600, "growth_mb": 8.0, "growth_pct": 12.5},
+        id="the baseline is the last sample at or before 5 minutes; a peak after it is the max only",
+    ),
+    pytest.param(
+        [(0, 80.0), (300, 80.0), (600, 76.0)],
+        {"first_mb": 80.0, "last_mb": 76.0, "max_mb": 80.0, "baseline_s": 300, "baseline_mb": 80.0}
+        | {"end_s": 600, "growth_mb": -4.0, "growth_pct": -5.0},
+        id="memory given back shows as negative growth",
+    ),
+    pytest.param(
+        [(0, 40.0), (1, 41.0), (3, 42.0)],
+        {"first_mb": 40.0, "last_mb": 42.0, "max_mb": 42.0, "baseline_s": 0, "baseline_mb": 40.0}
+        | {"end_s": 3, "growth_mb": 2.0, "growth_pct": 5.0},
+        id="a run shorter than 5 minutes grows from its first sample",
+    ),
+    pytest.param([], None, id="no samples: no summary"),
+]
+
+
+@pytest.mark.parametrize(("samples", "expected"), RSS_SUMMARIES)
+def test_rss_series_summary(samples: list[tuple[float, float]], expected: dict[str, float] | None) -> None:
+    assert summarize_rss(samples) == expected
+
+
+METRICS = [
+    pytest.param(
+        "# TYPE webhook_gateway_config_reloads_total counter\n"
+        'webhook_gateway_config_reloads_total{result="success"} 7.0\n'
+        'webhook_gateway_config_reloads_total{result="failure"} 2.0\n'
+        "webhook_gateway_config_generation 6.0\n",
+        (7, 2),
+        id="success and failure are read from config_reloads_total",
+    ),
+    pytest.param(
+        'webhook_gateway_config_reloads_total{result="success"} 1\n', (1, 0), id="a missing result is 0"
+    ),
+    pytest.param(
+        'webhook_gateway_serving_certificate_reloads_total{result="success"} 3.0\n',
+        (0, 0),
+        id="certificate reloads are not configuration reloads",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), METRICS)
+def test_reload_counts_from_metrics(text: str, expected: tuple[int, int]) -> None:
+    assert reload_counts(text) == expected
+
+
+@pytest.mark.parametrize("name", ["passthrough", "mixed", "slow-ignore", "dead-fail", "backend-down"])
+def test_config_churn_changes_the_files_but_no_pod_rule(name: str, tmp_path: Path) -> None:
+    """Every rewrite is a valid configuration that differs from the last (so the gateway reloads it);
+    the scenario's webhooks keep their rules, and the webhook added every other time matches no Pod."""
+    from gateway.config.load import load_directory
+
+    scenario = build(name)
+    urls = {b.name: f"https://127.0.0.1:{1000 + k}/allow" for k, b in enumerate(scenario.backends)}
+    write_configs(scenario, urls, None, tmp_path)
+    original = load_directory(tmp_path)
+    churn = ConfigChurn(tmp_path)
+    seen = {tuple(sorted(p.read_text() for p in tmp_path.glob("*.yaml")))}
+    for k in range(1, 5):
+        churn.rewrite()
+        seen.add(tuple(sorted(p.read_text() for p in tmp_path.glob("*.yaml"))))
+        snapshot = load_directory(tmp_path)
+        hooks = {h.name: h for h in (*snapshot.validating, *snapshot.mutating)}
+        for h in (*original.validating, *original.mutating):
+            assert hooks.pop(h.name).rules == h.rules
+        extra = list(hooks.values())
+        assert len(extra) == k % 2
+        assert all("pods" not in r.resources for h in extra for r in h.rules)
+        assert not list(tmp_path.glob(".*")), "no temporary file is left behind"
+    assert len(seen) == 5
+
+
+@pytest.mark.slow
+@needs_gateway
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param(["passthrough"], id="reloads every second under load are all applied, no wrong answer"),
+        pytest.param(
+            ["mixed", "--protocol", "h2"],
+            id="reloads under mutate-then-validate over HTTP/2 change no answer",
+        ),
+    ],
+)
+def test_soak_reloads_are_applied_and_rss_is_sampled(args: list[str], tmp_path: Path) -> None:
+    """``--reload-every 1`` during a 3 s gateway phase: the gateway applies every rewrite (its
+    config_reloads_total), refuses none, every answer stays correct; ``--rss-every 1`` puts the
+    gateway's resident-set series and its summary into the JSON."""
+    out = tmp_path / "result.json"
+    soak = ["--duration", "3", "--warmup", "0.3", "--reload-every", "1", "--rss-every", "1", "--no-direct"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "loadtests", *args, *soak, "--no-progress", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    gateway = doc["points"][0]["median"]["gateway"]
+    assert gateway["ok"] > 0
+    assert gateway["errors"] == {}
+    reloads = doc["reloads"]
+    assert reloads["applied"] >= 2
+    assert reloads["refused"] == 0
+    assert reloads["applied"] == reloads["requested"]
+    rss = doc["rss"]
+    assert len(rss["series"]) >= 3
+    assert all(s["mb"] > 0 for s in rss["series"])
+    assert rss["summary"]["last_mb"] == rss["series"][-1]["mb"]
+    assert "configuration reloads in gateway phases" in proc.stdout
+    assert "gateway RSS" in proc.stdout
