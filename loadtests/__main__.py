@@ -36,7 +36,9 @@ def parser() -> argparse.ArgumentParser:
         + "\n  convert      CRD conversion, 1/10/500 objects per review, with and without the cache "
         "(python -m loadtests convert --help)"
         + "\n  endpoints    a service backend balanced over 3 pods vs pinned to one "
-        "(python -m loadtests endpoints --help)",
+        "(python -m loadtests endpoints --help)"
+        + "\n  overload     5 x capacity for 60 s, with and without overload shedding "
+        "(python -m loadtests overload --help)",
     )
     p.add_argument(
         "scenario",
@@ -187,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
         from loadtests.endpoints import main as endpoints_main
 
         return endpoints_main(argv[1:])
+    if argv[:1] == ["overload"]:  # several times capacity, shedding on and off: its own driver
+        from loadtests.overload import main as overload_main
+
+        return overload_main(argv[1:])
     if argv[:1] == ["convert"]:  # CRD conversion: a scenario with its own driver
         from loadtests.convert import main as convert_main
 

@@ -88,7 +88,6 @@ SCENARIOS: dict[str, str] = {
     "dead-fail": "one live validating backend + one dead backend under Fail (every review denied)",
     "none": "one validating backend that matches nothing (the server's own floor)",
     "backend-down": "1 live validating backend + 1 stalled one (timeout 2s, Ignore) behind a circuit breaker",
-    "overload": "1 validating backend (20 ms, Ignore) to drive past capacity (add --gateway-arg=--shed-...)",
     "backend-down-off": "backend-down without the circuit breaker: every review waits for the stalled one",
     "shadow": "1 live validating backend + 1 new one in Shadow mode that denies after 100 ms",
     "shadow-off": "shadow with the new backend enforcing: every review waits for it and is denied",
@@ -125,9 +124,6 @@ def build(
     elif name == "none":
         hooks = [replace(b, name=f"nomatch.{DOMAIN}") for b in _validating(1)]
         return Scenario(name, desc, tuple(hooks))
-    elif name == "overload":
-        busy = BackendSpec(f"busy.{DOMAIN}", "validating", "allow", failure_policy="Ignore", delay_ms=20)
-        return Scenario(name, desc, (busy,))
     elif name in ("backend-down", "backend-down-off"):
         stalled = BackendSpec(
             f"stalled.{DOMAIN}",
@@ -158,6 +154,16 @@ def build(
     else:  # pragma: no cover - argparse restricts the choices
         raise ValueError(name)
     return Scenario(name, desc, tuple(hooks))
+
+
+def overload(backends: int) -> Scenario:
+    """``python -m loadtests overload``: validating backends answering in 20 ms under Ignore, so a
+    review shed for overload (allowed, with the fail-open annotations) is a correct answer."""
+    busy = [
+        BackendSpec(f"busy{i}.{DOMAIN}", "validating", "allow", failure_policy="Ignore", delay_ms=20)
+        for i in range(backends)
+    ]
+    return Scenario("overload", f"{backends} validating backends (20 ms, Ignore)", tuple(busy))
 
 
 def backend_path(spec: BackendSpec, latency: str, error_rate: float) -> str:

@@ -1,0 +1,557 @@
+"""``python -m loadtests overload``: several times the gateway's capacity for a minute, with and
+without overload shedding, side by side.
+
+One backend fleet (N validating backends answering in 20 ms, each ``failurePolicy: Ignore``, so a
+shed review's answer, allowed with the fail-open annotations, is a correct one) and one gateway
+process per mode. The load is an open loop of Poisson arrivals in three segments:
+
+    before    0.5 × capacity   (normal latency, for comparison)
+    overload  F × capacity     (default 5 × for 60 s)
+    after     0.5 × capacity   (how soon latency is normal again)
+
+The capacity is measured first, in the same run, as what the gateway without shedding answers in a
+closed loop. Every review carries ``?timeout=T`` and the generator gives up on it at T counted from
+its *scheduled* arrival, as the API server gives up on a webhook call (and closes the connection):
+waiting for a free connection counts too. Reported per mode: each segment's throughput, latency
+and late answers (over T), the fail-open share (shed), the gateway's RSS over time, and the seconds
+from the drop of the load until every later one-second window is normal again.
+
+The gateway runs pinned to one CPU and the generator and fleet to the others (``--no-pin`` to
+share), so "capacity" is one core's worth, whatever else runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import sys
+import tempfile
+from array import array
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import msgspec
+import trio
+
+from loadtests import processes
+from loadtests.client import ConnectionLostError, Endpoint, Http1Connection, client_context
+from loadtests.drive import arrival_offsets, drive_closed_loop, drive_open_loop
+from loadtests.fixtures import review_templates
+from loadtests.scenarios import backend_path, overload, write_configs
+from loadtests.stats import percentile
+
+# What the gateway is started with in each mode (``--mode NAME=FLAGS`` adds or replaces one).
+MODES: dict[str, list[str]] = {
+    "in-flight": ["--shed-max-in-flight", "32"],
+    "lag": ["--shed-max-event-loop-lag", "0.05"],
+    "both": ["--shed-max-in-flight", "32", "--shed-max-event-loop-lag", "0.05"],
+    "off": [],
+}
+SEGMENTS = ("before", "overload", "after")
+PROBES = (8, 32, 128)  # closed-loop connections the capacity is measured at
+
+
+class _Reply(msgspec.Struct):
+    uid: str = ""
+    allowed: bool = False
+    auditAnnotations: dict[str, str] | None = None  # noqa: N815  # the wire name
+
+
+class _Review(msgspec.Struct):
+    response: _Reply | None = None
+
+
+_decode = msgspec.json.Decoder(_Review).decode
+
+
+@dataclass
+class Answers:
+    """Every arrival of one mode's schedule: when it was due, and what came back."""
+
+    due: array[float] = field(default_factory=lambda: array("d"))  # seconds from the schedule start
+    latency: array[float] = field(default_factory=lambda: array("d"))  # NaN: no answer in time
+    failed_open: array[int] = field(default_factory=lambda: array("b"))
+    errors: dict[str, int] = field(default_factory=dict)
+
+    def add(self, due: float, latency: float, failed_open: bool = False) -> None:
+        self.due.append(due)
+        self.latency.append(latency)
+        self.failed_open.append(int(failed_open))
+
+    def error(self, due: float, kind: str) -> None:
+        self.errors[kind] = self.errors.get(kind, 0) + 1
+        self.add(due, math.nan)
+
+
+@dataclass(frozen=True)
+class Segment:
+    name: str
+    start: float  # seconds from the schedule start
+    seconds: float
+    rate: float
+
+
+@dataclass
+class SegmentResult:
+    name: str
+    offered_rps: float
+    answered_rps: float  # answered in time
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    late: int  # not answered inside the caller's ?timeout=
+    failed_open_pct: float  # answered with the fail-open annotations (every backend skipped or failed)
+
+
+@dataclass
+class ModeResult:
+    mode: str
+    flags: list[str]
+    segments: list[SegmentResult]
+    recovery_s: float | None  # None: never normal again before the run ended
+    normal_p99_ms: float  # a one-second window is normal at or below this p99
+    rss_mb: list[tuple[float, float]]  # (seconds from the schedule start, MiB)
+    shed: int  # webhook_gateway_reviews_shed_total at the end
+    gateway_cpu_s: float
+    others_cpu_s: float  # the generator and the fleet: if near their CPUs' time, they set the pace
+    seconds: float
+    errors: dict[str, int]
+    windows: list[dict[str, float]]  # per second: due, offered, in time, p99 ms, late
+
+
+def schedule(
+    capacity: float, *, factor: float, before: float, overload: float, after: float, seed: int
+) -> tuple[list[Segment], list[float]]:
+    """The three segments and their Poisson arrival times (seconds from the start)."""
+    segments = [
+        Segment("before", 0.0, before, 0.5 * capacity),
+        Segment("overload", before, overload, factor * capacity),
+        Segment("after", before + overload, after, 0.5 * capacity),
+    ]
+    offsets: list[float] = []
+    for i, seg in enumerate(segments):
+        offsets += [
+            seg.start + t for t in arrival_offsets(seg.rate, seg.seconds, poisson=True, seed=seed + i)
+        ]
+    return segments, offsets
+
+
+def windows(answers: Answers, timeout: float, total: float) -> list[dict[str, float]]:
+    """One row per second of the schedule, by due time: offered, answered in time, p99, late."""
+    rows: list[dict[str, float]] = []
+    by_second: dict[int, list[float]] = {}
+    late: dict[int, int] = {}
+    for due, lat in zip(answers.due, answers.latency, strict=True):
+        k = int(due)
+        if math.isnan(lat) or lat > timeout:
+            late[k] = late.get(k, 0) + 1
+        else:
+            by_second.setdefault(k, []).append(lat)
+    for k in range(math.ceil(total)):
+        lats = sorted(by_second.get(k, []))
+        rows.append(
+            {
+                "second": float(k),
+                "in_time": float(len(lats)),
+                "late": float(late.get(k, 0)),
+                "p99_ms": percentile(lats, 99) * 1000 if lats else math.nan,
+            }
+        )
+    return rows
+
+
+def recovery_seconds(rows: list[dict[str, float]], drop: float, normal_p99_ms: float) -> float | None:
+    """Seconds from ``drop`` to the start of the first window after which every window is normal
+    (p99 at or under ``normal_p99_ms`` and nothing late); None when the last one is not."""
+    after = [r for r in rows if r["second"] >= drop]
+    recovered: float | None = None
+    for r in after:
+        normal = r["late"] == 0 and (math.isnan(r["p99_ms"]) or r["p99_ms"] <= normal_p99_ms)
+        if not normal:
+            recovered = None
+        elif recovered is None:
+            recovered = r["second"] - drop
+    return recovered
+
+
+def summarize_segment(seg: Segment, answers: Answers, timeout: float) -> SegmentResult:
+    lats: list[float] = []
+    late = opened = n = 0
+    for due, lat, fo in zip(answers.due, answers.latency, answers.failed_open, strict=True):
+        if not seg.start <= due < seg.start + seg.seconds:
+            continue
+        n += 1
+        if math.isnan(lat) or lat > timeout:
+            late += 1
+            continue
+        lats.append(lat)
+        opened += fo
+    lats.sort()
+
+    def ms(q: float) -> float:
+        return percentile(lats, q) * 1000 if lats else math.nan
+
+    return SegmentResult(
+        seg.name,
+        n / seg.seconds,
+        len(lats) / seg.seconds,
+        ms(50),
+        ms(99),
+        lats[-1] * 1000 if lats else math.nan,
+        late,
+        100.0 * opened / max(len(lats), 1),
+    )
+
+
+class Caller:
+    """The API server's side: one keep-alive HTTP/1.1+TLS connection per worker, reopened after a
+    call it gave up on (as Go's client closes a connection whose request it abandoned)."""
+
+    def __init__(self, endpoint: Endpoint, timeout: float) -> None:
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self.path = f"/validate?timeout={timeout:g}s".encode()
+        self.template = review_templates(8, "v1")[0]
+        self.conns: dict[int, Http1Connection] = {}
+        self.counter = 0
+
+    async def _drop(self, worker: int) -> None:
+        conn = self.conns.pop(worker, None)
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.aclose()
+
+    async def call(self, worker: int, due_at: float, answers: Answers, origin: float) -> None:
+        self.counter += 1
+        uid = f"0ad0ad00-0000-4000-8000-{self.counter:012x}"
+        due = due_at - origin
+        if trio.current_time() >= due_at + self.timeout:
+            # Waited for a free connection past the deadline: the caller has given up without
+            # sending (an expired request is never put on the wire, nor a connection closed for it).
+            answers.add(due, math.nan)
+            return
+        try:
+            with trio.fail_at(due_at + self.timeout):  # the caller's deadline counts from the arrival
+                conn = self.conns.get(worker)
+                if conn is None:
+                    conn = self.conns[worker] = await Http1Connection.open(self.endpoint)
+                status, body = await conn.request(self.path, self.template.body(uid))
+        except trio.TooSlowError:
+            answers.add(due, math.nan)
+            await self._drop(worker)
+            return
+        except (ConnectionLostError, OSError):
+            answers.error(due, "connection-lost")
+            await self._drop(worker)
+            return
+        latency = trio.current_time() - due_at
+        try:
+            reply = _decode(body).response if status == 200 else None
+        except msgspec.DecodeError:
+            reply = None
+        if reply is None or reply.uid != uid or not reply.allowed:
+            answers.error(due, f"http-{status}" if status != 200 else "wrong-answer")
+            return
+        failed_open = bool(reply.auditAnnotations) and any(
+            k.startswith("failed-open.") for k in reply.auditAnnotations or {}
+        )
+        answers.add(due, latency, failed_open)
+
+    async def open_all(self, workers: int) -> None:
+        """Open every worker's connection before the schedule starts: the API server's connections
+        to a busy webhook are warm, and handshakes are not what "before" should measure."""
+
+        async def one(worker: int) -> None:
+            with contextlib.suppress(OSError, ConnectionLostError, trio.TooSlowError):
+                self.conns[worker] = await Http1Connection.open(self.endpoint)
+
+        async with trio.open_nursery() as nursery:
+            for worker in range(workers):
+                nursery.start_soon(one, worker)
+
+    async def aclose(self) -> None:
+        for worker in list(self.conns):
+            await self._drop(worker)
+
+
+async def probe_capacity(endpoint: Endpoint, connections: int, seconds: float, timeout: float) -> float:
+    """Closed loop over ``connections``: answered reviews per second (the gateway without shedding)."""
+    caller = Caller(endpoint, timeout)
+    answers = Answers()
+
+    async def handle(worker: int, _intended: float) -> None:
+        await caller.call(worker, trio.current_time(), answers, 0.0)
+
+    await drive_closed_loop(connections, min(1.0, seconds), None, handle)  # warm-up
+    answers = Answers()
+    start = trio.current_time()
+    await drive_closed_loop(connections, seconds, None, handle)
+    elapsed = trio.current_time() - start
+    await caller.aclose()
+    answered = sum(1 for lat in answers.latency if not math.isnan(lat))
+    return answered / elapsed
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return math.nan
+
+
+async def _scrape_shed(endpoint: Endpoint) -> int:
+    conn = await Http1Connection.open(endpoint)
+    try:
+        _status, body = await conn.request(b"/metrics", b"", method=b"GET")
+    finally:
+        await conn.aclose()
+    total = 0.0
+    for line in body.decode().splitlines():
+        if line.startswith("webhook_gateway_reviews_shed_total{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return int(total)
+
+
+@dataclass(frozen=True)
+class Target:
+    """One mode's gateway: its flags, where it listens, its pid; and the fleet's pid."""
+
+    mode: str
+    flags: list[str]
+    endpoint: Endpoint
+    pid: int
+    fleet_pid: int
+
+
+async def run_mode(
+    target: Target, segments: list[Segment], offsets: list[float], args: argparse.Namespace
+) -> ModeResult:
+    mode, flags, endpoint, pid, fleet_pid = (
+        target.mode,
+        target.flags,
+        target.endpoint,
+        target.pid,
+        target.fleet_pid,
+    )
+    caller = Caller(endpoint, args.timeout)
+    answers = Answers()
+    rss: list[tuple[float, float]] = []
+    await caller.open_all(args.connections)
+    cpu_before = processes.proc_cpu_seconds(pid)
+    others_before = processes.self_cpu_seconds() + processes.proc_cpu_seconds(fleet_pid)
+    origin = trio.current_time()
+    total = sum(s.seconds for s in segments)
+
+    async def sample() -> None:
+        while True:
+            with contextlib.suppress(OSError):
+                rss.append((round(trio.current_time() - origin, 1), round(_rss_mb(pid), 1)))
+            await trio.sleep(1.0)
+
+    async def handle(worker: int, intended: float) -> None:
+        await caller.call(worker, intended, answers, origin)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(sample)
+        origin = trio.current_time()  # drive_open_loop takes its start in this same step
+        await drive_open_loop(offsets, args.connections, handle)
+        nursery.cancel_scope.cancel()
+    await caller.aclose()
+    cpu = processes.proc_cpu_seconds(pid) - cpu_before
+    others = processes.self_cpu_seconds() + processes.proc_cpu_seconds(fleet_pid) - others_before
+    elapsed = trio.current_time() - origin
+    rows = windows(answers, args.timeout, total)
+    seg_results = [summarize_segment(s, answers, args.timeout) for s in segments]
+    before_p99 = seg_results[0].p99_ms
+    normal = max(2 * before_p99, before_p99 + 10.0) if not math.isnan(before_p99) else math.inf
+    shed = await _scrape_shed(endpoint)
+    return ModeResult(
+        mode,
+        flags,
+        seg_results,
+        recovery_seconds(rows, segments[2].start, normal),
+        normal,
+        rss,
+        shed,
+        cpu,
+        others,
+        elapsed,
+        answers.errors,
+        rows,
+    )
+
+
+def _pin(pid: int, cpus: set[int]) -> None:
+    with contextlib.suppress(OSError):
+        os.sched_setaffinity(pid, cpus)
+
+
+def table(capacity: float, args: argparse.Namespace, results: list[ModeResult]) -> str:
+    lines = [
+        f"capacity (no shedding, best closed loop): {capacity:,.0f} reviews/s; "
+        f"overload {args.factor:g} x = {args.factor * capacity:,.0f}/s for {args.seconds:g} s; "
+        f"?timeout={args.timeout:g}s; {args.backends} validating backends (20 ms, Ignore)",
+        "",
+        "mode        segment   offered/s  in time/s   p50 ms    p99 ms    max ms   late  fail-open %",
+    ]
+    for r in results:
+        for s in r.segments:
+            lines.append(
+                f"{r.mode:<11} {s.name:<9} {s.offered_rps:9,.0f}  {s.answered_rps:9,.0f}  {s.p50_ms:7.1f}  "
+                f"{s.p99_ms:8.1f}  {s.max_ms:8.1f}  {s.late:5d}  {s.failed_open_pct:10.1f}"
+            )
+    lines.append("")
+    lines.append(
+        "mode        shed   RSS MB before / max / end   normal again after the drop   gateway CPU s  errors"
+    )
+    for r in results:
+        mbs = [mb for _, mb in r.rss_mb if not math.isnan(mb)]
+        rss = f"{mbs[0]:.0f} / {max(mbs):.0f} / {mbs[-1]:.0f}" if mbs else "-"
+        rec = "never" if r.recovery_s is None else f"{r.recovery_s:.0f} s (p99 <= {r.normal_p99_ms:.0f} ms)"
+        errors = sum(r.errors.values())
+        cpu = f"{100 * r.gateway_cpu_s / r.seconds:.0f} / {100 * r.others_cpu_s / r.seconds:.0f}"
+        lines.append(f"{r.mode:<11} {r.shed:6,d}  {rss:<26}  {rec:<29} {cpu:>22}  {errors}")
+    return "\n".join(lines)
+
+
+async def run(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[float, list[ModeResult]]:
+    scenario = overload(args.backends)
+    cpus = sorted(os.sched_getaffinity(0))
+    pin = args.pin and len(cpus) >= 2
+    gateway_cpus, other_cpus = ({cpus[-1]}, set(cpus[:-1])) if pin else (set(cpus), set(cpus))
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="webhook-gateway-overload-")))
+        certs = processes.Certs.create(tmp)
+        ctx = client_context(certs.ca_pem, "http1")
+        say(f"starting {args.backends} backend(s) …")
+        fleet = stack.enter_context(
+            processes.managed(processes.spawn_fleet(args.backends, certs, http1_only=True))
+        )
+        ports = await processes.fleet_ports(fleet)
+        urls = {
+            b.name: f"https://127.0.0.1:{port}{backend_path(b, '', 0.0)}"
+            for b, port in zip(scenario.backends, ports, strict=True)
+        }
+        write_configs(scenario, urls, certs.ca_pem, tmp / "config")
+        if pin:
+            _pin(os.getpid(), other_cpus)
+            _pin(fleet.pid, other_cpus)
+
+        async def start(mode: str) -> tuple[Endpoint, int]:
+            port = processes.free_port()
+            flags = [*args.gateway_arg, *args.modes[mode]]
+            proc = stack.enter_context(
+                processes.managed(
+                    processes.spawn_gateway(tmp / "config", port, certs, tmp / f"gateway-{mode}.log", flags)
+                )
+            )
+            if pin:
+                _pin(proc.pid, gateway_cpus)
+            endpoint = Endpoint("127.0.0.1", port, ctx, f"127.0.0.1:{port}")
+            await processes.wait_ready(endpoint, proc)
+            return endpoint, proc.pid
+
+        capacity = args.capacity
+        if capacity is None:
+            say("measuring capacity (no shedding) …")
+            endpoint, _pid = (
+                await start("off") if "off" in args.modes else await start(next(iter(args.modes)))
+            )
+            # The most it answers: a few closed-loop concurrencies, the best one counts (more
+            # connections than it can serve only add contention and would understate it).
+            probes = {
+                n: await probe_capacity(endpoint, n, args.probe_seconds, args.timeout) for n in args.probes
+            }
+            capacity = max(probes.values())
+            say("capacity: " + ", ".join(f"{v:,.0f}/s at {n} connections" for n, v in probes.items()))
+        segments, offsets = schedule(
+            capacity,
+            factor=args.factor,
+            before=args.before,
+            overload=args.seconds,
+            after=args.after,
+            seed=args.seed,
+        )
+        results = []
+        for mode in args.run:
+            endpoint, pid = await start(mode)
+            shape = (
+                f"{args.before:g} s at 0.5 x, {args.seconds:g} s at {args.factor:g} x, then {args.after:g} s"
+            )
+            say(f"{mode}: {shape} …")
+            target = Target(mode, args.modes[mode], endpoint, pid, fleet.pid)
+            results.append(await run_mode(target, segments, offsets, args))
+        return capacity, results
+
+
+def _mode(text: str) -> tuple[str, list[str]]:
+    name, _, flags = text.partition("=")
+    return name, flags.split()
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtests overload", description=__doc__.split("\n")[0])
+    p.add_argument("--factor", type=float, default=5.0, help="overload as a multiple of capacity (default 5)")
+    p.add_argument("--seconds", type=float, default=60.0, help="how long the overload lasts (default 60)")
+    p.add_argument("--before", type=float, default=10.0, help="seconds at 0.5 x capacity first (default 10)")
+    p.add_argument("--after", type=float, default=20.0, help="seconds at 0.5 x capacity after (default 20)")
+    p.add_argument("--timeout", type=float, default=2.0, help="the caller's ?timeout= in seconds (default 2)")
+    p.add_argument("--backends", type=int, default=10, help="validating backends per review (default 10)")
+    p.add_argument(
+        "--connections", type=int, default=256, help="the caller's keep-alive connections (default 256)"
+    )
+    p.add_argument("--capacity", type=float, help="reviews/s to take as capacity (default: measure it)")
+    p.add_argument("--probe-seconds", type=float, default=5.0, help="closed-loop seconds to measure capacity")
+    p.add_argument(
+        "--run",
+        default="lag,off",
+        help="modes to run, in order (default lag,off; known: " + ", ".join(MODES) + ")",
+    )
+    p.add_argument(
+        "--mode",
+        action="append",
+        default=[],
+        type=_mode,
+        metavar="NAME=FLAGS",
+        help="define or replace a mode's gateway flags, e.g. 'tight=--shed-max-in-flight 8'",
+    )
+    p.add_argument("--gateway-arg", action="append", default=[], help="extra argument for every gateway")
+    p.add_argument("--no-pin", dest="pin", action="store_false", help="do not pin the gateway to its own CPU")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, help="write the result (with per-second windows and RSS) as JSON")
+    p.add_argument("--quick", action="store_true", help="a few seconds in all: a correctness smoke")
+    args = p.parse_args(argv)
+    args.modes = {**MODES, **dict(args.mode)}
+    args.probes = PROBES
+    args.run = [m.strip() for m in args.run.split(",") if m.strip()]
+    unknown = [m for m in args.run if m not in args.modes]
+    if unknown:
+        p.error(f"unknown mode(s) {', '.join(unknown)}; known: {', '.join(args.modes)}")
+    if args.quick:
+        args.before, args.seconds, args.after = 1.0, 2.0, 1.0
+        args.probe_seconds, args.connections, args.probes = 1.0, min(args.connections, 16), (8,)
+        args.backends = min(args.backends, 2)
+
+    def say(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    try:
+        capacity, results = trio.run(run, args, say)
+    except RuntimeError as exc:
+        say(f"error: {exc}")
+        return 2
+    print(table(capacity, args, results))
+    if args.json:
+        out = {
+            "capacity_rps": capacity,
+            "cpus": os.cpu_count(),
+            "args": {k: v for k, v in vars(args).items() if k != "json"},
+            "modes": [asdict(r) for r in results],
+        }
+        args.json.write_text(json.dumps(out, indent=2, default=str))
+    wrong = [k for r in results for k in r.errors if k != "connection-lost"]
+    return 1 if wrong else 0
