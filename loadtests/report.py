@@ -46,7 +46,13 @@ def describe(result: RunResult) -> str:
         if o.target
         else f"scenario {result.scenario.name}: {result.scenario.description}"
     )
-    return f"{what}\n{proto}; {shape}; {bound}; {size}; medians of {o.repeat} run(s)"
+    cpus, usable = os.cpu_count(), len(os.sched_getaffinity(0))
+    where = (
+        f"the generator ran on this machine ({cpus} CPUs, {usable} usable), the gateway at the target"
+        if o.target
+        else f"generator, backend fleet and gateway all ran on this machine ({cpus} CPUs, {usable} usable)"
+    )
+    return f"{what}\n{proto}; {shape}; {bound}; {size}; medians of {o.repeat} run(s)\n{where}"
 
 
 _COLUMNS = (

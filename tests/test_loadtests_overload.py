@@ -59,7 +59,9 @@ def test_windows(rows: list[tuple[float, float]], expected: list[tuple[float, in
 
 
 RECOVERY = [
-    pytest.param([10.0, 500.0, 12.0, 11.0], 0, 2.0, id="normal again from the third window after the drop on"),
+    pytest.param(
+        [10.0, 500.0, 12.0, 11.0], 0, 2.0, id="normal again from the third window after the drop on"
+    ),
     pytest.param([10.0, 12.0, 500.0, 11.0], 0, 3.0, id="a slow window later resets the recovery"),
     pytest.param([10.0, 12.0, 11.0, 500.0], 0, None, id="still slow at the end: never recovered"),
     pytest.param([10.0, 12.0, 11.0, 13.0], 1, None, id="a late answer makes its window abnormal"),
