@@ -354,3 +354,20 @@ async def test_only_unprocessed_streams_are_resent(
                 await call
             assert str(outcome) in info.value.cause, info.value.cause
     assert backend.requests == requests
+
+
+async def test_a_long_lived_connection_remembers_a_bounded_number_of_closed_streams(
+    nursery: trio.Nursery,
+) -> None:
+    """h2 remembers how each closed stream ended, by default for 2**16 streams per connection
+    (~11.5 MB once a kept-alive backend connection has carried that many calls, per backend
+    connection). The gateway's connections keep 1,024: late frames come within a round trip."""
+    server = await start(nursery)
+    async with ClientPool(max_connections_per_origin=1, h2c_prior_knowledge=True) as pool:
+        for _ in range(1_500):
+            response = await pool.post(target(server.url("/")), body=b"{}", timeout_seconds=5)
+            assert response.status == 200
+        (connection,) = [c for group in pool._origins.values() for c in group.connections()]
+        remembered = len(connection._h2._closed_streams)  # h2's own bookkeeping, per connection
+    assert server.connections == 1
+    assert remembered == 1_024
