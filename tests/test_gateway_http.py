@@ -244,3 +244,23 @@ async def test_caller_going_away_cancels_backend_calls(nursery: trio.Nursery, tm
         while sum(pool.open_connections().values()):
             await trio.sleep(0.02)
     assert len(server.calls) == 1
+
+
+async def test_an_inbound_h2_connection_remembers_a_bounded_number_of_closed_streams(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """A caller cycling many streams on one HTTP/2 connection: the gateway's side remembers 1,024
+    closed streams, not h2's 65,536 (~11.5 MB per connection a client could make it hold)."""
+    import gc
+
+    write_config(tmp_path / "c", validating={})
+    running = await start_gateway(nursery, tmp_path / "c", "--allow-empty-config")
+    client = await connect("127.0.0.1", port_of(running.urls[0]), protocol="h2")
+    for _ in range(1_100):
+        got = await client.post("/healthz", b"", method="GET")
+        assert got is not None and got.status == 200
+    servers = [
+        o for o in gc.get_objects() if isinstance(o, h2.connection.H2Connection) and not o.config.client_side
+    ]
+    assert servers, "the gateway's side of the connection"
+    assert max(len(o._closed_streams) for o in servers) == 1_024  # h2's own bookkeeping

@@ -57,6 +57,7 @@ from urllib.parse import parse_qsl
 import h2.errors
 import h2.events
 import h2.exceptions
+import h2.utilities
 import h11
 import hypercorn.protocol
 import structlog
@@ -76,6 +77,7 @@ from hypercorn.utils import parse_socket_addr
 from gateway.server.hypercorn_version import check_version
 from gateway.server.limits import ControlFrameBudget, InboundLimits, InboundRuntime
 from gateway.server.timeouts import parse_go_duration
+from gateway.wire import H2_CLOSED_STREAMS_REMEMBERED
 
 Message = MutableMapping[str, Any]
 
@@ -248,6 +250,9 @@ class GuardedH2Protocol(H2Protocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # Protection: a caller cycling streams would make h2 remember 2**16 closed ones (~11.5 MB)
+        # on every connection; the new connection has closed none yet (see gateway.wire).
+        self.connection._closed_streams = h2.utilities.SizeLimitDict(size_limit=H2_CLOSED_STREAMS_REMEMBERED)
         limits = runtime_of(self.config).limits
         self.budget = ControlFrameBudget(
             limits.h2_control_burst, limits.h2_control_rate, limits.h2_max_settings, now=trio.current_time()

@@ -22,6 +22,7 @@ import trio
 
 from gateway.errors import ResponseTooLarge, TransportError, TransportErrorKind
 from gateway.transport.wire import Header, HTTPResponse, RetryableError
+from gateway.wire import H2_CLOSED_STREAMS_REMEMBERED
 from gateway.wire.errors import socket_peer, stream_error
 
 RECEIVE_BYTES = 65536
@@ -120,11 +121,7 @@ class _Stream:
 
 
 class _BackendH2(h2.connection.H2Connection):
-    # h2 remembers how each closed stream ended, by default for 2**16 streams per connection: about
-    # 11.5 MB for every kept-alive backend connection that has carried that many calls. It needs
-    # them only to answer frames that arrive after a stream ended, which come within a round trip,
-    # and a connection closes far fewer than 1,024 streams in one.
-    MAX_CLOSED_STREAMS = 1_024
+    MAX_CLOSED_STREAMS = H2_CLOSED_STREAMS_REMEMBERED  # not h2's 2**16 (see gateway.wire)
 
 
 class HTTP2Connection:
