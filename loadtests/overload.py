@@ -256,9 +256,7 @@ class Caller:
         if reply is None or reply.uid != uid or not reply.allowed:
             answers.error(due, f"http-{status}" if status != 200 else "wrong-answer")
             return
-        failed_open = bool(reply.auditAnnotations) and any(
-            k.startswith("failed-open.") for k in reply.auditAnnotations or {}
-        )
+        failed_open = any(k.startswith("failed-open.") for k in reply.auditAnnotations or {})
         answers.add(due, latency, failed_open)
 
     async def open_all(self, workers: int) -> None:
@@ -296,21 +294,9 @@ async def probe_capacity(endpoint: Endpoint, connections: int, seconds: float, t
     return answered / elapsed
 
 
-def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return math.nan
-
-
 async def _scrape_shed(endpoint: Endpoint) -> int:
-    conn = await Http1Connection.open(endpoint)
-    try:
-        _status, body = await conn.request(b"/metrics", b"", method=b"GET")
-    finally:
-        await conn.aclose()
     total = 0.0
-    for line in body.decode().splitlines():
+    for line in (await processes.scrape_metrics(endpoint)).splitlines():
         if line.startswith("webhook_gateway_reviews_shed_total{"):
             total += float(line.rsplit(" ", 1)[1])
     return int(total)
@@ -349,7 +335,7 @@ async def run_mode(
     async def sample() -> None:
         while True:
             with contextlib.suppress(OSError):
-                rss.append((round(trio.current_time() - origin, 1), round(_rss_mb(pid), 1)))
+                rss.append((round(trio.current_time() - origin, 1), round(processes.proc_rss_mb(pid), 1)))
             await trio.sleep(1.0)
 
     async def handle(worker: int, intended: float) -> None:

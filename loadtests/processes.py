@@ -37,20 +37,20 @@ def proc_cpu_seconds(pid: int) -> float:
 
 def proc_peak_rss_mb(pid: int) -> float:
     """Peak resident set size (VmHWM) of ``pid`` and its live descendants, summed, in MiB."""
-    peak = float("nan")
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            peak = int(line.split()[1]) / 1024
-    return peak + sum(_or_zero(proc_peak_rss_mb, child) for child in _children(pid))
+    return _status_mb(pid, "VmHWM:")
 
 
 def proc_rss_mb(pid: int) -> float:
     """Resident set size now (VmRSS) of ``pid`` and its live descendants, summed, in MiB."""
-    rss = float("nan")
+    return _status_mb(pid, "VmRSS:")
+
+
+def _status_mb(pid: int, key: str) -> float:
+    value = float("nan")
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            rss = int(line.split()[1]) / 1024
-    return rss + sum(_or_zero(proc_rss_mb, child) for child in _children(pid))
+        if line.startswith(key):
+            value = int(line.split()[1]) / 1024
+    return value + sum(_or_zero(lambda child: _status_mb(child, key), child) for child in _children(pid))
 
 
 def _or_zero(measure: Callable[[int], float], pid: int) -> float:
@@ -160,6 +160,18 @@ def spawn_gateway(
     cmd += extra
     with log.open("wb") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=_env())  # noqa: S603  # list argv
+
+
+async def scrape_metrics(endpoint: Endpoint) -> str:
+    """The gateway's ``GET /metrics`` text (its serving port)."""
+    conn = await Http1Connection.open(endpoint)
+    try:
+        status, body = await conn.request(b"/metrics", b"", method=b"GET")
+    finally:
+        await conn.aclose()
+    if status != 200:
+        raise RuntimeError(f"GET /metrics answered HTTP {status}")
+    return body.decode(errors="replace")
 
 
 async def wait_ready(endpoint: Endpoint, proc: subprocess.Popen[bytes] | None, timeout: float = 30) -> None:

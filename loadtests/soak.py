@@ -16,7 +16,7 @@ import trio
 import yaml
 
 from loadtests import processes
-from loadtests.client import ConnectionLostError, Endpoint, Http1Connection
+from loadtests.client import ConnectionLostError, Endpoint
 
 SETTLE_S = 300.0
 """Growth is measured from the end of the first 5 minutes: allocator arenas and pools warm up before."""
@@ -103,14 +103,7 @@ def reload_counts(metrics: str) -> tuple[int, int]:
 
 async def read_reload_counts(endpoint: Endpoint) -> tuple[int, int]:
     """The gateway's reload counters now (GET /metrics on its serving port)."""
-    conn = await Http1Connection.open(endpoint)
-    try:
-        status, body = await conn.request(b"/metrics", b"", method=b"GET")
-    finally:
-        await conn.aclose()
-    if status != 200:
-        raise RuntimeError(f"GET /metrics answered HTTP {status}")
-    return reload_counts(body.decode(errors="replace"))
+    return reload_counts(await processes.scrape_metrics(endpoint))
 
 
 @dataclass
