@@ -480,7 +480,7 @@ class GatewayTCPServer(TCPServer):
                 await trio.aclose_forcefully(self.stream)
                 return
             alpn_protocol = self.stream.selected_alpn_protocol()
-            socket = self.stream.transport_stream.socket
+            socket = self.stream.socket
             ssl = True
         except AttributeError:  # not TLS
             alpn_protocol = "http/1.1"

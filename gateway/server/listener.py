@@ -8,7 +8,8 @@ listener's lifetime. This loop, a few lines of glue around hypercorn's own class
 - on EMFILE/ENFILE/ENOMEM/ENOBUFS backs off (10 ms doubling to 1 s) with one rate-limited log
   line and no traceback, while the connections it has keep being served;
 - wraps each accepted socket in TLS with the *current* context of ``tls_context()``, so a rotated
-  certificate is used by the next handshake and a broken one never is (serve.ReloadableTLS).
+  certificate is used by the next handshake and a broken one never is (serve.ReloadableTLS); the
+  TLS stream is the gateway's own (``gateway.wire.tls_stream``), about half the CPU of trio's.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from hypercorn.utils import repr_socket_addr
 
 from gateway.server.hypercorn_fixes import GatewayTCPServer, runtime_of
 from gateway.server.limits import ACCEPT_CAPACITY_ERRNOS, InboundRuntime
+from gateway.wire.tls_stream import TLSSocketStream
 
 # A connection that went away between the kernel's accept queue and accept(): not our problem.
 _ACCEPT_IGNORED = frozenset(
@@ -110,7 +112,10 @@ async def _accept_loop(
             continue
         stream: Any = trio.SocketStream(sock)
         if tls_context is not None:
-            stream = trio.SSLStream(stream, tls_context(), server_side=True, https_compatible=True)
+            try:
+                stream = TLSSocketStream(stream, tls_context(), server_side=True)
+            except OSError:  # the caller already reset the connection; the socket is closed
+                continue
         server = connection(stream)
         runtime.connections.add(server)  # counted from accept, not from when its task first runs
         handlers.start_soon(server.run)

@@ -14,6 +14,7 @@ import trio
 
 from gateway.transport.wire import Header, HTTPResponse
 from gateway.wire.http11 import HTTP11Exchange
+from gateway.wire.tls_stream import stream_socket
 
 ConnectionState = Literal["ACTIVE", "IDLE", "CLOSED"]
 
@@ -23,8 +24,8 @@ class HTTP11Connection:
 
     def __init__(self, stream: trio.abc.Stream, label: str) -> None:
         self._exchange = HTTP11Exchange(stream)
-        inner = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
-        self._fileno = inner.socket.fileno() if isinstance(inner, trio.SocketStream) else -1
+        sock = stream_socket(stream)
+        self._fileno = sock.fileno() if sock is not None else -1
         self.label = label
         self.state: ConnectionState = "IDLE"
         self.requests = 0

@@ -21,6 +21,7 @@ from gateway.transport.http11 import HTTP11Connection
 from gateway.transport.resolve import Origin, Target
 from gateway.transport.wire import Header, HTTPResponse, RetryableError
 from gateway.wire.errors import dial_error, hostport, tls_error
+from gateway.wire.tls_stream import TLSSocketStream
 
 DEFAULT_MAX_RESPONSE_BYTES = 16 * 1024 * 1024  # TRN-12
 DEFAULT_MAX_CONNECTIONS_PER_ORIGIN = 64
@@ -249,16 +250,18 @@ class ClientPool:
         if target.scheme == "http":
             return tcp, None
         assert target.ssl_context is not None
-        tls = trio.SSLStream(
-            tcp, target.ssl_context, server_hostname=target.server_hostname, https_compatible=True
-        )
+        try:
+            tls = TLSSocketStream(tcp, target.ssl_context, server_hostname=target.server_hostname)
+        except BaseException:
+            await trio.aclose_forcefully(tcp)
+            raise
         try:
             await tls.do_handshake()
         except trio.BrokenResourceError as exc:
-            await trio.aclose_forcefully(tcp)
+            await trio.aclose_forcefully(tls)
             raise tls_error(exc, target.server_hostname) from exc
         except BaseException:
-            await trio.aclose_forcefully(tcp)
+            await trio.aclose_forcefully(tls)
             raise
         return tls, tls.selected_alpn_protocol()
 

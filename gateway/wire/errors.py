@@ -16,6 +16,7 @@ import ssl
 import trio
 
 from gateway.errors import TransportError
+from gateway.wire.tls_stream import stream_socket
 
 _EAI_NO_HOST = {socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)}
 _UNKNOWN_AUTHORITY = {2, 18, 19, 20, 21}  # OpenSSL X509_V_ERR_*: no issuer / self-signed / untrusted
@@ -83,12 +84,12 @@ def stream_error(exc: BaseException, op: str, peer: str) -> TransportError:
 
 def socket_peer(stream: trio.abc.Stream) -> str:
     """``local->remote`` addresses of a stream's socket, for error texts."""
-    inner = stream.transport_stream if isinstance(stream, trio.SSLStream) else stream
-    if not isinstance(inner, trio.SocketStream):
+    sock = stream_socket(stream)
+    if sock is None:
         return "?"
     try:
-        local = inner.socket.getsockname()
-        remote = inner.socket.getpeername()
+        local = sock.getsockname()
+        remote = sock.getpeername()
     except OSError:
         return "?"
     return f"{hostport(local[0], local[1])}->{hostport(remote[0], remote[1])}"

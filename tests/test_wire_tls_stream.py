@@ -1,0 +1,253 @@
+"""The gateway's TLS stream (gateway.wire.tls_stream) over real loopback sockets and real certificates.
+
+It carries every inbound TLS connection and every TLS backend call, so it is held to what the
+gateway relied on from ``trio.SSLStream``: the same bytes both ways (also records larger than one
+TLS record, and a reader and a writer task at once, as HTTP/2 connections run), a peer's EOF as EOF,
+failures as ``trio.BrokenResourceError`` with the TLS or socket error as cause, closing that never
+waits for the peer and wakes a task blocked on the stream, and no descriptor left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import pytest
+import trio
+import trustme
+
+from gateway.wire.tls_stream import TLSSocketStream, stream_socket
+
+
+@dataclass
+class Pair:
+    client: TLSSocketStream
+    server: TLSSocketStream
+
+
+@pytest.fixture(scope="module")
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+def _contexts(ca: trustme.CA, *, client_trusts: bool = True) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("localhost").configure_cert(server_ctx)
+    server_ctx.set_alpn_protocols(["h2", "http/1.1"])
+    client_ctx = ssl.create_default_context()
+    if client_trusts:
+        ca.configure_trust(client_ctx)
+    client_ctx.set_alpn_protocols(["http/1.1"])
+    return server_ctx, client_ctx
+
+
+async def _tcp_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
+    listener = trio.socket.socket()
+    await listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    client = await trio.open_tcp_stream("127.0.0.1", listener.getsockname()[1])
+    accepted, _ = await listener.accept()
+    listener.close()
+    return client, trio.SocketStream(accepted)
+
+
+@pytest.fixture
+async def pair(ca: trustme.CA) -> AsyncIterator[Pair]:
+    server_ctx, client_ctx = _contexts(ca)
+    client_tcp, server_tcp = await _tcp_pair()
+    p = Pair(
+        TLSSocketStream(client_tcp, client_ctx, server_hostname="localhost"),
+        TLSSocketStream(server_tcp, server_ctx, server_side=True),
+    )
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(p.server.do_handshake)
+        await p.client.do_handshake()
+    yield p
+    await p.client.aclose()
+    await p.server.aclose()
+
+
+async def _receive_exactly(stream: TLSSocketStream, size: int) -> bytes:
+    parts, got = [], 0
+    while got < size:
+        chunk = await stream.receive_some()
+        assert chunk, f"EOF after {got} of {size} bytes"
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
+
+
+# --- bytes both ways ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "size",
+    [
+        pytest.param(1, id="a single byte arrives intact"),
+        pytest.param(8_192, id="an 8 KB review (one TLS record) arrives intact"),
+        pytest.param(16_384 * 3 + 7, id="a body of several full TLS records arrives intact"),
+        pytest.param(2_000_000, id="2 MB, more than the socket buffers hold, arrives intact"),
+    ],
+)
+async def test_bytes_sent_are_the_bytes_received_both_ways(pair: Pair, size: int) -> None:
+    payload = os.urandom(size)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pair.client.send_all, payload)
+        assert await _receive_exactly(pair.server, size) == payload
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pair.server.send_all, payload[::-1])
+        assert await _receive_exactly(pair.client, size) == payload[::-1]
+
+
+async def test_a_reader_task_and_a_writer_task_run_on_one_stream_at_once_as_http2_connections_do(
+    pair: Pair,
+) -> None:
+    """Both sides send 4 MB while receiving: done one after the other, the socket buffers would fill."""
+    size = 4_000_000
+    payload = os.urandom(size)
+    received: dict[str, bytes] = {}
+
+    async def receive(name: str, stream: TLSSocketStream) -> None:
+        received[name] = await _receive_exactly(stream, size)
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(receive, "server", pair.server)
+            nursery.start_soon(receive, "client", pair.client)
+            nursery.start_soon(pair.client.send_all, payload)
+            nursery.start_soon(pair.server.send_all, payload)
+    assert received == {"server": payload, "client": payload}
+
+
+async def test_alpn_negotiated_in_the_handshake_is_reported(pair: Pair) -> None:
+    assert pair.server.selected_alpn_protocol() == "http/1.1"
+    assert pair.client.selected_alpn_protocol() == "http/1.1"
+    assert isinstance(pair.client.getpeercert(binary_form=True), bytes)
+    assert stream_socket(pair.client) is pair.client.socket
+
+
+# --- ends and failures ----------------------------------------------------------------------------
+
+
+async def _closing_by_aclose(pair: Pair) -> None:
+    await pair.client.aclose()
+
+
+async def _closing_by_tcp_close(pair: Pair) -> None:
+    pair.client.socket.close()  # no close_notify: a ragged EOF, as the API server's client may end
+    await trio.lowlevel.checkpoint()
+
+
+@pytest.mark.parametrize(
+    "close",
+    [
+        pytest.param(_closing_by_aclose, id="a peer that closes reads as EOF, and EOF stays EOF"),
+        pytest.param(
+            _closing_by_tcp_close,
+            id="a peer that drops TCP without close_notify reads as EOF too (https-compatible)",
+        ),
+    ],
+)
+async def test_a_closed_peer_reads_as_eof(pair: Pair, close: Callable[[Pair], Awaitable[None]]) -> None:
+    await close(pair)
+    with trio.fail_after(5):
+        assert await pair.server.receive_some() == b""
+        assert await pair.server.receive_some() == b""
+
+
+async def test_a_peer_that_resets_makes_sending_fail_as_broken_with_the_socket_error_as_cause(
+    pair: Pair,
+) -> None:
+    pair.client.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    pair.client.socket.close()
+
+    async def write_until_broken() -> None:
+        for _ in range(100):  # the reset arrives after the first write at the latest
+            await pair.server.send_all(b"x" * 65_536)
+            await trio.sleep(0.01)
+
+    with trio.fail_after(5), pytest.raises(trio.BrokenResourceError) as caught:
+        await write_until_broken()
+    assert isinstance(caught.value.__cause__, OSError)
+
+
+async def test_an_untrusted_certificate_fails_the_handshake_as_broken_with_the_verification_error(
+    ca: trustme.CA,
+) -> None:
+    server_ctx, client_ctx = _contexts(ca, client_trusts=False)
+    client_tcp, server_tcp = await _tcp_pair()
+    client = TLSSocketStream(client_tcp, client_ctx, server_hostname="localhost")
+    server = TLSSocketStream(server_tcp, server_ctx, server_side=True)
+    failures: dict[str, BaseException] = {}
+
+    async def handshake(name: str, stream: TLSSocketStream) -> None:
+        try:
+            await stream.do_handshake()
+        except trio.BrokenResourceError as exc:
+            failures[name] = exc
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(handshake, "server", server)
+            nursery.start_soon(handshake, "client", client)
+    assert set(failures) == {"client", "server"}
+    assert isinstance(failures["client"].__cause__, ssl.SSLCertVerificationError)
+    await client.aclose()
+    await server.aclose()
+
+
+# --- closing --------------------------------------------------------------------------------------
+
+
+async def test_closing_wakes_a_task_blocked_in_receive_with_closed_resource(pair: Pair) -> None:
+    outcome: list[BaseException] = []
+
+    async def blocked() -> None:
+        try:
+            await pair.server.receive_some()
+        except trio.ClosedResourceError as exc:
+            outcome.append(exc)
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(blocked)
+            await trio.testing.wait_all_tasks_blocked()
+            await pair.server.aclose()
+    assert len(outcome) == 1
+
+
+@pytest.mark.parametrize(
+    "use",
+    [
+        pytest.param(lambda s: s.receive_some(), id="receiving after close is refused as closed"),
+        pytest.param(lambda s: s.send_all(b"x"), id="sending after close is refused as closed"),
+        pytest.param(lambda s: s.do_handshake(), id="a handshake after close is refused as closed"),
+    ],
+)
+async def test_a_closed_stream_refuses_use(
+    pair: Pair, use: Callable[[TLSSocketStream], Awaitable[object]]
+) -> None:
+    await pair.server.aclose()
+    await pair.server.aclose()  # closing twice is harmless
+    with pytest.raises(trio.ClosedResourceError):
+        await use(pair.server)
+
+
+async def test_closing_under_cancellation_still_releases_the_descriptor(pair: Pair) -> None:
+    fd = pair.server.socket.fileno()
+    await trio.aclose_forcefully(pair.server)
+    assert pair.server.socket.fileno() == -1
+    with pytest.raises(OSError):
+        os.fstat(fd)
+
+
+async def test_two_tasks_receiving_at_once_is_refused_as_busy(pair: Pair) -> None:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pair.server.receive_some)
+        await trio.testing.wait_all_tasks_blocked()
+        with pytest.raises(trio.BusyResourceError):
+            await pair.server.receive_some()
+        nursery.cancel_scope.cancel()
