@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +162,28 @@ def test_backend_request_quotes_the_uid() -> None:
 def test_request_uids_are_unique() -> None:
     """REV-06: every call gets a new uid."""
     assert len({new_request_uid() for _ in range(1000)}) == 1000
+
+
+def test_request_uids_are_rfc_version_4_uuids() -> None:
+    """REV-06: the uid is a canonical version-4 UUID string, as upstream sends."""
+    for _ in range(200):
+        uid = new_request_uid()
+        parsed = uuid.UUID(uid)
+        assert (str(parsed), parsed.version, parsed.variant) == (uid, 4, uuid.RFC_4122)
+
+
+def test_request_uids_differ_between_forked_worker_processes() -> None:
+    """REV-06: a forked worker does not repeat its parent's uids (the generator is re-seeded)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: send one uid and leave at once
+        os.write(write, new_request_uid().encode())
+        os._exit(0)
+    os.close(write)
+    child = os.read(read, 64).decode()
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert child != new_request_uid()
 
 
 # --- decoding replies --------------------------------------------------------------------------

@@ -251,3 +251,32 @@ async def test_two_tasks_receiving_at_once_is_refused_as_busy(pair: Pair) -> Non
         with pytest.raises(trio.BusyResourceError):
             await pair.server.receive_some()
         nursery.cancel_scope.cancel()
+
+
+# --- fairness -------------------------------------------------------------------------------------
+
+
+async def test_a_reader_that_always_finds_data_ready_still_lets_other_tasks_run(pair: Pair) -> None:
+    """Operations that need not wait skip most schedule points, never all: a flood cannot starve the loop."""
+    size = 48 * 1024  # fits in the loopback socket buffers: every read below finds data ready
+    with trio.fail_after(5):
+        await pair.server.send_all(os.urandom(size))
+    await trio.sleep(0.1)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ticker)
+        await trio.sleep(0.01)
+        ticks = 0
+        got = 0
+        while got < size:
+            got += len(await pair.client.receive_some(64))
+        nursery.cancel_scope.cancel()
+    reads = size // 64
+    assert ticks >= reads // 8, f"{ticks} ticks of other work during {reads} reads"

@@ -12,7 +12,7 @@ Every failure here is a call error (``CallingWebhookError``, governed by ``failu
 from __future__ import annotations
 
 import binascii
-import uuid
+import random
 from typing import Final
 
 import msgspec
@@ -54,8 +54,20 @@ def no_known_version_error() -> CallingWebhookError:
 
 
 def new_request_uid() -> str:
-    """A fresh uid for one backend call (REV-06): unique per call, reinvocations included."""
-    return str(uuid.uuid4())
+    """A fresh uid for one backend call (REV-06): unique per call, reinvocations included.
+
+    A version-4 UUID from ``random`` (Mersenne Twister, seeded from the OS at start and again in
+    every forked worker), not ``uuid.uuid4()``: the uid must be unique, not secret, and
+    ``uuid4`` costs a ``getrandom`` system call and ~2.5 µs per call against ~0.7 µs here.
+    """
+    bits = (random.getrandbits(128) & _UUID4_CLEAR) | _UUID4_SET
+    h = f"{bits:032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+# RFC 9562 version 4: the version nibble is 0100, the variant bits are 10.
+_UUID4_CLEAR: Final = ~((0xF000 << 64) | (0xC000 << 48))
+_UUID4_SET: Final = (0x4000 << 64) | (0x8000 << 48)
 
 
 # --- the request to a backend --------------------------------------------------------------------
