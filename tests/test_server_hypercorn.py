@@ -143,6 +143,24 @@ async def test_keep_alive_idle_timeout(
     stop.set()
 
 
+async def test_keep_alive_idle_timer_counts_from_the_last_request_not_the_first(
+    nursery: trio.Nursery,
+) -> None:
+    """keep-alive: a connection in steady use outlives many idle periods; it closes one period after its last request."""
+    app = App()
+    port, stop = await _serve(nursery, app, 0.3)
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    conn = h11.Connection(h11.CLIENT)
+    for _ in range(8):  # 1.2 s of use, never idle for 0.3 s
+        await trio.sleep(0.15)
+        assert await _request(stream, conn, "/sleep/0") == (200, b"slept " + b"x" * 100)
+    last = trio.current_time()
+    assert await _closed_by_server(stream, 1.0)
+    assert 0.2 <= trio.current_time() - last <= 0.9
+    await stream.aclose()
+    stop.set()
+
+
 async def test_shutdown_closes_idle_connections(nursery: trio.Nursery) -> None:
     """A terminating server closes an idle keep-alive connection at once, not after the timeout."""
     app = App()
