@@ -193,10 +193,16 @@ class GatewayTaskGroup(TaskGroup):
         queue = RequestQueue(config.max_app_queue_size)
         server = self._server
         if server is not None:
-            stream_id: int = getattr(getattr(send, "__self__", None), "stream_id", 1)
+            stream = getattr(send, "__self__", None)
+            stream_id: int = getattr(stream, "stream_id", 1)
             queue.body_deadline = trio.current_time() + server.body_budget(scope)
             queue.on_body_timeout = lambda: server.body_timed_out(stream_id)
-            send = server.bounded_send(send)
+            # HTTP/2: a send can wait for the caller's flow-control window, so it gets the write
+            # deadline here. HTTP/1.1: the only wait is the socket write, which protocol_send bounds
+            # already; a second deadline would cost a timer per send for nothing.
+            protocol = getattr(getattr(stream, "send", None), "__self__", None)
+            if not isinstance(protocol, GatewayH11Protocol):
+                send = server.bounded_send(send)
         assert self._nursery is not None
         handle: Any = _handle  # hypercorn types receive as its own event union
         self._nursery.start_soon(
