@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
-from urllib.parse import parse_qsl, unquote
+from urllib.parse import unquote
 
 import structlog
 import trio
@@ -26,7 +26,7 @@ from gateway.matching import is_exempt, matching_error_status, not_ready_error
 from gateway.review import InboundReview, decode_inbound, encode_reply, encode_status
 from gateway.server.hypercorn_fixes import RequestQueue
 from gateway.server.overload import OverloadGate
-from gateway.server.timeouts import parse_go_duration
+from gateway.server.timeouts import caller_timeout
 from gateway.tracing import start_review_trace
 
 if TYPE_CHECKING:
@@ -307,14 +307,8 @@ class GatewayApp:
 
     def _budget(self, scope: Scope) -> float:
         """FPT-07: the caller's ``?timeout=`` (Go duration), else the configured default."""
-        qs: bytes = scope.get("query_string", b"")
-        if qs:
-            for key, value in parse_qsl(qs.decode("latin-1")):
-                if key == "timeout":
-                    seconds = parse_go_duration(value)
-                    if seconds is not None and seconds > 0:
-                        return seconds
-        return self.settings.default_timeout_seconds
+        seconds = caller_timeout(scope.get("query_string", b""))
+        return self.settings.default_timeout_seconds if seconds is None else seconds
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes | None:
         """The whole request body, or None once it exceeds the limit (TRN-13)."""
@@ -406,12 +400,7 @@ class _DisconnectedError(Exception):
 
 def _has_timeout(scope: Scope) -> bool:
     """Whether the caller sent a usable ``?timeout=`` (CNV-14 falls back to the CRD's own timeout)."""
-    qs: bytes = scope.get("query_string", b"")
-    for key, value in parse_qsl(qs.decode("latin-1")):
-        if key == "timeout":
-            seconds = parse_go_duration(value)
-            return seconds is not None and seconds > 0
-    return False
+    return caller_timeout(scope.get("query_string", b"")) is not None
 
 
 def _header(scope: Scope, name: bytes) -> str:

@@ -51,8 +51,10 @@ import dataclasses
 import math
 from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
+from functools import partial
+from time import time
 from typing import Any, Final
-from urllib.parse import parse_qsl
+from urllib.parse import unquote
 
 import h2.errors
 import h2.events
@@ -64,19 +66,20 @@ import structlog
 import trio
 from hypercorn.events import Closed, RawData, Updated
 from hypercorn.protocol import ProtocolWrapper
-from hypercorn.protocol.events import Response, StreamClosed
+from hypercorn.protocol.events import Body, Data, EndBody, Response, StreamClosed
 from hypercorn.protocol.h2 import H2Protocol
-from hypercorn.protocol.h11 import H11Protocol
+from hypercorn.protocol.h11 import STREAM_ID, H11Protocol
+from hypercorn.protocol.http_stream import ASGIHTTPState, HTTPStream
 from hypercorn.trio import run as hypercorn_run
 from hypercorn.trio import tcp_server
 from hypercorn.trio.task_group import TaskGroup, _handle
 from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 from hypercorn.typing import ConnectionState
-from hypercorn.utils import parse_socket_addr
+from hypercorn.utils import build_and_validate_headers, parse_socket_addr, suppress_body
 
 from gateway.server.hypercorn_version import check_version
 from gateway.server.limits import ControlFrameBudget, InboundLimits, InboundRuntime
-from gateway.server.timeouts import parse_go_duration
+from gateway.server.timeouts import caller_timeout
 from gateway.wire import H2_CLOSED_STREAMS_REMEMBERED
 
 Message = MutableMapping[str, Any]
@@ -190,18 +193,37 @@ class GatewayTaskGroup(TaskGroup):
     async def spawn_app(
         self, app: Any, config: Any, scope: Any, send: Callable[[Any], Awaitable[None]]
     ) -> Callable[[Any], Awaitable[None]]:
+        stream = getattr(send, "__self__", None)
+        protocol = getattr(getattr(stream, "send", None), "__self__", None)
+        return self.start_request(
+            app,
+            config,
+            scope,
+            send,
+            stream_id=getattr(stream, "stream_id", 1),
+            http11=isinstance(protocol, GatewayH11Protocol),
+        )
+
+    def start_request(
+        self,
+        app: Any,
+        config: Any,
+        scope: Any,
+        send: Callable[[Any], Awaitable[None]],
+        *,
+        stream_id: int,
+        http11: bool,
+    ) -> Callable[[Any], Awaitable[None]]:
+        """Start the app's task for one request; returns where the request's messages go."""
         queue = RequestQueue(config.max_app_queue_size)
         server = self._server
         if server is not None:
-            stream = getattr(send, "__self__", None)
-            stream_id: int = getattr(stream, "stream_id", 1)
             queue.body_deadline = trio.current_time() + server.body_budget(scope)
-            queue.on_body_timeout = lambda: server.body_timed_out(stream_id)
+            queue.on_body_timeout = partial(server.body_timed_out, stream_id)
             # HTTP/2: a send can wait for the caller's flow-control window, so it gets the write
             # deadline here. HTTP/1.1: the only wait is the socket write, which protocol_send bounds
             # already; a second deadline would cost a timer per send for nothing.
-            protocol = getattr(getattr(stream, "send", None), "__self__", None)
-            if not isinstance(protocol, GatewayH11Protocol):
+            if not http11:
                 send = server.bounded_send(send)
         assert self._nursery is not None
         handle: Any = _handle  # hypercorn types receive as its own event union
@@ -215,13 +237,113 @@ class GatewayTaskGroup(TaskGroup):
 
 
 class GatewayH11Protocol(H11Protocol):
-    """HTTP/1.1: the response head waits for the first body bytes and goes out in the same write.
+    """HTTP/1.1 with the per-request work cut (h11 still parses, frames and keeps the state).
+
+    - The request head is looked at once (hypercorn walks the headers twice, for an upgrade and
+      for a WebSocket), and an ordinary request goes straight to a ``GatewayHTTPStream``;
+      upgrades (h2c, WebSocket) and the HTTP/2 preface take hypercorn's own path.
+    - A body that arrives whole reaches the app as one message instead of a chunk and an empty end.
+    - A response the app sends whole (head, then one final body) leaves as one write: head, body
+      and end of message framed by h11 together (``finish_response``). The head goes out with the
+      first body bytes in every other case too.
 
     While the server drains, every response carries ``Connection: close`` so that callers move to
     another replica.
     """
 
     _held = b""
+
+    async def _handle_events(self) -> None:
+        connection = self.connection
+        stream: Any = None
+        pending: bytes | None = None  # a body chunk held back: is the end of the body next?
+        while True:
+            if connection.they_are_waiting_for_100_continue:
+                await self._send_h11_event(
+                    h11.InformationalResponse(status_code=100, headers=self.config.response_headers("h11"))
+                )
+            try:
+                event = connection.next_event()
+            except h11.RemoteProtocolError as error:
+                if pending is not None and self.stream is not None:
+                    await self.stream.handle(Body(stream_id=STREAM_ID, data=pending))
+                if connection.our_state in {h11.IDLE, h11.SEND_RESPONSE}:
+                    await self._send_error_response(error.error_status_hint)
+                await self.send(Closed())
+                break
+            kind = type(event)
+            if kind is h11.Data:
+                if pending is not None:
+                    await self._pass_body(pending, end=False)
+                pending = bytes(event.data)  # type: ignore[union-attr]
+                continue
+            if pending is not None:
+                await self._pass_body(pending, end=kind is h11.EndOfMessage)
+                ended, pending = kind is h11.EndOfMessage, None
+                if ended:
+                    continue
+            if kind is h11.Request:
+                await self.send(Updated(idle=False))
+                stream = self._ordinary_stream(event)  # type: ignore[arg-type]
+                if stream is None:  # an upgrade or the HTTP/2 preface: hypercorn's own path
+                    await self._check_protocol(event)  # type: ignore[arg-type]
+                    await self._create_stream(event)  # type: ignore[arg-type]
+                else:
+                    self.stream = stream
+                    await stream.start(event)
+                    self.keep_alive_requests += 1
+                    await self.context.mark_request()
+            elif event is h11.PAUSED:
+                await self.can_read.clear()
+                await self.can_read.wait()
+            elif kind is h11.ConnectionClosed or event is h11.NEED_DATA or self.stream is None:
+                break
+            elif kind is h11.EndOfMessage:
+                await self.stream.handle(EndBody(stream_id=STREAM_ID))
+            elif isinstance(event, Data):  # WebSocket pass-through
+                await self.stream.handle(event)
+
+    async def _pass_body(self, data: bytes, *, end: bool) -> None:
+        stream = self.stream
+        if isinstance(stream, GatewayHTTPStream):
+            await stream.body(data, end=end)
+        elif stream is not None:
+            await stream.handle(Body(stream_id=STREAM_ID, data=data))
+            if end:
+                await stream.handle(EndBody(stream_id=STREAM_ID))
+
+    def _ordinary_stream(self, request: h11.Request) -> GatewayHTTPStream | None:
+        """A stream for a plain request; None when hypercorn must look at it (upgrade, preface)."""
+        if request.method == b"PRI":
+            return None
+        for name, _value in request.headers:  # h11 lower-cases names
+            if name == b"upgrade":
+                return None
+        return GatewayHTTPStream(self)
+
+    async def finish_response(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """Head, body and end of one whole response in one write (h11 frames and checks them).
+
+        The app's headers are used as given (hypercorn would strip and re-validate them): the
+        gateway's app sends only constant, well-formed ones.
+        """
+        config = self.config
+        if runtime_of(config).draining:
+            headers = [*headers, (b"connection", b"close")]
+        headers = [*headers, *config.response_headers("h11")]
+        if self.keep_alive_requests >= config.keep_alive_max_requests:
+            headers.append((b"connection", b"close"))
+        connection = self.connection
+        try:
+            data = connection.send(h11.Response(headers=headers, status_code=status, _parsed=True))
+            if body:
+                data += connection.send(h11.Data(data=body))
+            data += connection.send(h11.EndOfMessage())
+        except h11.LocalProtocolError:
+            if connection.their_state != h11.ERROR:
+                raise
+            return
+        await self.send(RawData(data=data))
 
     async def _send_h11_event(self, event: Any) -> None:
         try:
@@ -246,6 +368,117 @@ class GatewayH11Protocol(H11Protocol):
         elif type(event) is Response and event.status_code >= 200 and runtime_of(self.config).draining:
             event = dataclasses.replace(event, headers=[*event.headers, (b"connection", b"close")])
         await super().stream_send(event)
+
+
+class GatewayHTTPStream(HTTPStream):
+    """hypercorn's ASGI bridge for one HTTP/1.1 request, with the per-request work cut.
+
+    The scope is built as hypercorn builds it (the same keys and values) without the intermediate
+    ``Request`` event, and a response the app sends as one head and one final body goes out
+    through ``GatewayH11Protocol.finish_response``. Anything else (a streamed body, trailers, an
+    app that ends early) takes hypercorn's own path.
+    """
+
+    app_put: Any = None  # hypercorn reads it on close, also when no app was started
+
+    def __init__(self, protocol: GatewayH11Protocol) -> None:
+        super().__init__(
+            protocol.app,
+            protocol.config,
+            protocol.context,
+            protocol.task_group,
+            protocol.ssl,
+            protocol.client,
+            protocol.server,
+            protocol.stream_send,
+            STREAM_ID,
+        )
+        self.protocol = protocol
+        self._head_pending = False
+
+    async def start(self, request: h11.Request) -> None:
+        """The request head arrived: build the ASGI scope and start the app."""
+        self.start_time = time()
+        config = self.config
+        path, _, query_string = request.target.partition(b"?")
+        headers = request.headers.raw_items() if config.h11_pass_raw_headers else list(request.headers)
+        self.scope = {
+            "type": "http",
+            "http_version": request.http_version.decode(),
+            "asgi": {"spec_version": "2.1", "version": "3.0"},
+            "method": request.method.decode("ascii").upper(),
+            "scheme": self.scheme,
+            "path": unquote(path.decode("ascii")),
+            "raw_path": path,
+            "query_string": query_string,
+            "root_path": config.root_path,
+            "headers": headers,
+            "client": self.client,
+            "server": self.server,
+            "state": self.protocol.connection_state.copy(),  # type: ignore[typeddict-item]
+            "extensions": {},
+        }
+        if config.server_names and not _host_allowed(config, headers):
+            await self._send_error_response(404)
+            self.closed = True
+            return
+        task_group: Any = self.task_group
+        self.app_put = task_group.start_request(
+            self.app, config, self.scope, self.app_send, stream_id=self.stream_id, http11=True
+        )
+
+    async def body(self, data: bytes, *, end: bool) -> None:
+        """A body chunk for the app; ``end``: it is the last."""
+        if not self.closed:
+            await self.app_put({"type": "http.request", "body": data, "more_body": not end})
+
+    async def app_send(self, message: Any) -> None:
+        if message is not None and not self.closed:
+            kind = message["type"]
+            if kind == "http.response.start" and self.state is ASGIHTTPState.REQUEST:
+                if int(message["status"]) >= 200:
+                    self.response = message  # goes out with the body (finish_response) or below
+                    self.state = ASGIHTTPState.RESPONSE
+                    self._head_pending = True
+                    return
+            elif (
+                kind == "http.response.body"
+                and self._head_pending
+                and not message.get("more_body", False)
+                and not self.response.get("trailers", False)
+            ):
+                self._head_pending = False
+                status = int(self.response["status"])
+                body = b"" if suppress_body(self.scope["method"], status) else bytes(message.get("body", b""))
+                await self.protocol.finish_response(status, list(self.response.get("headers", ())), body)
+                self.state = ASGIHTTPState.CLOSED
+                if config_logs_access(self.config):
+                    await self.config.log.access(self.scope, self.response, time() - self.start_time)
+                await self.send(StreamClosed(stream_id=self.stream_id))
+                return
+        if self._head_pending:  # anything else: the head goes out the ordinary way first
+            self._head_pending = False
+            await self.send(
+                Response(
+                    stream_id=self.stream_id,
+                    headers=build_and_validate_headers(self.response.get("headers", [])),
+                    status_code=int(self.response["status"]),
+                )
+            )
+        await super().app_send(message)
+
+
+def config_logs_access(config: Any) -> bool:
+    """Whether hypercorn writes an access log line (the gateway's canonical line replaces it)."""
+    return config.accesslog is not None
+
+
+def _host_allowed(config: Any, headers: list[tuple[bytes, bytes]]) -> bool:
+    """hypercorn's ``server_names`` check, on the scope's headers."""
+    for name, value in headers:
+        if name.lower() == b"host":
+            return value.decode() in config.server_names
+    return "" in config.server_names
 
 
 # --- crash fixes + protection: HTTP/2 -------------------------------------------------------------
@@ -422,15 +655,8 @@ class GatewayTCPServer(TCPServer):
 
     def body_budget(self, scope: Any) -> float:
         """The body must arrive within --body-read-timeout and within the caller's ``?timeout=``."""
-        budget = self.limits.body_timeout
-        qs: bytes = scope.get("query_string", b"")
-        if qs:
-            for key, value in parse_qsl(qs.decode("latin-1")):
-                if key == "timeout":
-                    seconds = parse_go_duration(value)
-                    if seconds is not None and seconds > 0:
-                        budget = min(budget, seconds)
-        return budget
+        seconds = caller_timeout(scope.get("query_string", b""))
+        return self.limits.body_timeout if seconds is None else min(self.limits.body_timeout, seconds)
 
     def body_timed_out(self, stream_id: int) -> None:
         """A request body did not arrive in time: reset its HTTP/2 stream, or close the connection."""
