@@ -1017,3 +1017,65 @@ def test_golden_lines(
     if context:
         expected = b"\n".join(line[:-1] + b',"worker":2}' for line in expected.splitlines()) + b"\n"
     assert _text(output).encode() == expected
+
+
+@pytest.mark.parametrize(
+    ("fields", "context"),
+    [
+        pytest.param({"a": 1, "b": [1, {"c": None}], "d": msgspec.Raw(b'{"x":1}')}, {}, id="plain fields"),
+        pytest.param(
+            {"a": 1, "value": ValueError("nope")}, {"worker": 3, "a": "ctx"}, id="context variables"
+        ),
+        pytest.param(
+            {"a": 1}, {"level": "ctx", "timestamp": "ctx", "event": "ctx"}, id="context keys the chain sets"
+        ),
+        pytest.param({"a": 1}, {"exc_info": True, "z": 1}, id="an exc_info context variable"),
+        pytest.param({"a": 1, "timestamp": "mine"}, {}, id="a field the chain sets"),
+        pytest.param({"exc_info": ValueError("x"), "a": 1}, {}, id="an exc_info field"),
+    ],
+)
+@pytest.mark.parametrize(
+    "level", [logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL]
+)
+def test_event_writer_writes_what_the_chain_writes(
+    output: io.TextIOWrapper,
+    monkeypatch: pytest.MonkeyPatch,
+    fields: dict[str, Any],
+    context: dict[str, Any],
+    level: int,
+) -> None:
+    """EventWriter.write(level, event, fields) writes the bytes bound.log(level, event, **fields) writes."""
+    from gateway.observability import logs
+
+    monkeypatch.setattr(logs, "datetime", FROZEN_CLOCK)
+    configure_logging("debug", "json", stream=output)
+    bound = structlog.get_logger("gateway.review").bind()
+    writer = logs.EventWriter(bound)
+    structlog.contextvars.clear_contextvars()
+    structlog.contextvars.bind_contextvars(**context)
+    try:
+        bound.log(level, "event", **dict(fields))
+        expected = _text(output).encode()
+        writer.write(level, "event", dict(fields))
+    finally:
+        structlog.contextvars.clear_contextvars()
+    assert _text(output).encode() == expected * 2
+
+
+def test_event_writer_follows_the_chain_it_was_made_with(output: io.TextIOWrapper) -> None:
+    """capture_logs (or any other chain) in force at the time of the call gets the event as bound.log would."""
+    from gateway.observability import logs
+
+    configure_logging("info", "json", stream=output)
+    bound = structlog.get_logger("gateway.review").bind()
+    writer = logs.EventWriter(bound)
+    with capture_logs() as captured:
+        writer.write(logging.WARNING, "review", {"a": 1})
+    assert captured == [{"a": 1, "event": "review", "log_level": "warning"}]
+    assert _text(output) == ""
+    with_context = logs.EventWriter(bound.bind(k="v"))  # bound context comes first: the chain writes it
+    with_context.write(logging.INFO, "review", {"a": 1})
+    assert list(_json_lines(output)[0])[3:] == ["k", "a"]
+    configure_logging("info", "console", stream=output)
+    logs.EventWriter(structlog.get_logger("gateway.review").bind()).write(logging.INFO, "review", {"a": 1})
+    assert _text(output).splitlines()[1].endswith("a=1")

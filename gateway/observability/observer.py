@@ -26,6 +26,7 @@ from gateway.observability.canonical import (
     review_fields,
     trace_id_of,
 )
+from gateway.observability.logs import EventWriter
 from gateway.observability.metrics import Metrics
 from gateway.resilience import CircuitState, Transition
 
@@ -87,6 +88,7 @@ class Observability:
         self.log_bodies = log_bodies
         self._log: Any = logger if logger is not None else structlog.get_logger("gateway.review")
         self._bound: Any = None  # the configured logger, resolved on first use (skips the lazy proxy)
+        self._review_line: EventWriter | None = None  # writes the canonical line through _bound
         self._not_made = LineThrottle(clock)
 
     # --- ReviewObserver --------------------------------------------------------------------------
@@ -122,6 +124,7 @@ class Observability:
             log = self._bound
             if log is None:
                 log = self._bound = self._log.bind()
+                self._review_line = EventWriter(log)
             trace_id = ""
             if report is not None and report.invocations:
                 uid = inbound.uid if inbound is not None else ""
@@ -171,7 +174,8 @@ class Observability:
                 trace_id=trace_id or trace_id_of(trace),
                 log_bodies=self.log_bodies,
             )
-            log.log(level, "review", **fields)
+            assert self._review_line is not None  # set with _bound
+            self._review_line.write(level, "review", fields)
         except Exception:  # noqa: BLE001 - observing must never change or break the answer
             self._log.exception("recording a review failed", endpoint=endpoint, code=code)
 
