@@ -955,7 +955,10 @@ def _reference_review_finished(
 
 def _scripted_reviews() -> list[tuple[str, dict[str, object]]]:
     """Reviews of every shape: endpoints, codes, decisions, outcomes, bucket edges, conditions."""
-    reviews: list[tuple[str, dict[str, object]]] = []
+    reviews: list[tuple[str, dict[str, object]]] = [  # first of all: no report, then no verdict
+        ("mutating", {"code": 200, "seconds": 0.002, "operation": "UPDATE", "allowed": True}),
+        ("validating", {"code": 499, "seconds": 0.002}),
+    ]
     outcomes: list[tuple[InvocationOutcome, int, str]] = [
         ("allowed", 200, ""), ("rejected", 403, ""), ("failed_closed", 503, "timeout"),
         ("failed_open", 502, "connect"), ("failed_open", 0, "shed"), ("failed_open", 700, "Bad Kind"),
