@@ -1079,3 +1079,14 @@ def test_event_writer_follows_the_chain_it_was_made_with(output: io.TextIOWrappe
     configure_logging("info", "console", stream=output)
     logs.EventWriter(structlog.get_logger("gateway.review").bind()).write(logging.INFO, "review", {"a": 1})
     assert _text(output).splitlines()[1].endswith("a=1")
+
+
+@pytest.mark.parametrize("kind", ["validating", "mutating"])
+@pytest.mark.parametrize("durations", [(), (0.003,), (0.001, 0.004, 0.002)], ids=["none", "one", "three"])
+def test_backend_seconds_of_is_the_reports(kind: str, durations: tuple[float, ...]) -> None:
+    """The shortcut for one invocation gives what DispatchReport.backend_seconds gives."""
+    from gateway.observability.canonical import backend_seconds_of
+
+    r = answer(kind, *(rec(f"b{i}", seconds=s) for i, s in enumerate(durations))).report
+    assert r is not None
+    assert backend_seconds_of(r) == r.backend_seconds
