@@ -124,9 +124,6 @@ _LEVEL_NAMES: Final = {
     logging.CRITICAL: "critical",
 }
 
-# Keys the JSON chain sets or consumes itself ("event" cannot be a keyword of ``log`` at all).
-_CHAIN_KEYS: Final = frozenset({"timestamp", "level", "event", "exc_info"})
-
 
 class EventWriter:
     """Writes an event whose fields are already a dict (the canonical lines) through a bound logger.
@@ -163,16 +160,20 @@ class EventWriter:
     def write(self, level: int, event: str, fields: dict[str, Any]) -> None:
         """Write ``event`` with ``fields`` (not modified) at ``level`` (a ``logging`` level)."""
         encode = self._encode
+        name = _LEVEL_NAMES.get(level)
         if (
             encode is None
+            or name is None
             or self._processors != self._chain  # element by element, by identity first
             or self._context
-            or level not in _LEVEL_NAMES
-            or not _CHAIN_KEYS.isdisjoint(fields)
+            # keys the chain sets or consumes itself ("event" cannot even be a keyword of log())
+            or "timestamp" in fields
+            or "level" in fields
+            or "event" in fields
+            or "exc_info" in fields
         ):
             self._bound.log(level, event, **fields)
             return
-        name = _LEVEL_NAMES[level]
         logger = self._logger
         # What the chain's processors produce, in the order the renderer writes it.
         line: dict[str, Any] = {"timestamp": datetime.datetime.now(_UTC), "level": name, "event": event}
