@@ -134,8 +134,10 @@ class Observability:
                 review_line = self._review_line = EventWriter(log)
             trace_id = ""
             if report is not None:
-                if report.invocations:
-                    trace_id = self._warn_failed_open(log, endpoint, inbound, report, trace)
+                for record in report.invocations:
+                    if record.outcome == "failed_open":
+                        trace_id = self._warn_failed_open(log, endpoint, inbound, report, trace)
+                        break
                 if report.conditions or report.dropped:
                     self._warn_report(log, endpoint, inbound, report)
             if not self.review_log:
