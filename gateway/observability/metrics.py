@@ -529,10 +529,10 @@ class Metrics:
             if outcome == "cancelled":
                 # FPT-03/MET-04/MET-05: a call abandoned because the caller went away is not counted.
                 continue
-            code = 600 if record.code > 600 else record.code  # MET-03/05
-            children = children_of.get((record.name, webhook_type, op, code, outcome))
+            capped = 600 if record.code > 600 else record.code  # MET-03/05
+            children = children_of.get((record.name, webhook_type, op, capped, outcome))
             if children is None:
-                children = self._new_invocation_children(record, webhook_type, op, code)
+                children = self._new_invocation_children(record, webhook_type, op, capped)
             duration = record.duration_seconds
             # MET-02 and the fine view; HistogramChild.observe, inlined: one call less each.
             histogram = children[0]
@@ -543,7 +543,7 @@ class Metrics:
             histogram.counts[bisect_left(histogram.bounds, duration)] += 1
             histogram.sum += duration
             if outcome != "allowed":
-                self._observe_call_error(record, webhook_type, op, code)
+                self._observe_call_error(record, webhook_type, op, capped)
         if report.conditions:
             self._observe_conditions(report, endpoint, op)
         if report.deadline_exhausted:
