@@ -1,10 +1,12 @@
 """Cost of observing one review: ``Observability.review_started`` + ``review_finished``.
 
-A realistic review: a validating fan-out over 5 backends (all allowed, v1, backend uids, a
-traceparent), as the server reports it after answering. Measured with metrics on/off and the
-canonical log line on/off, JSON and console, plus the cost when the info level is filtered out.
+A realistic review: a validating fan-out over 5 backends, and the common case of one backend (all
+allowed, v1, backend uids, a traceparent), as the server reports it after answering. Measured with
+metrics on/off and the canonical log line on/off, JSON and console, plus the cost when the info level
+is filtered out.
 
-    cd <worktree> && /work/venv/bin/python benchmarks/bench_observability.py [--output PATH] [-n N]
+    cd <worktree> && /work/venv/bin/python benchmarks/bench_observability.py \
+        [--output PATH] [-n N] [--backends 1,5]
 
 Log lines go to ``--output`` (default /dev/null: the write syscall is still made). This is a
 script, not a test: it configures structlog globally, as ``__main__`` does.
@@ -106,10 +108,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", default=os.devnull, help="where log lines go")
     parser.add_argument("-n", type=int, default=20000, help="reviews per run")
+    parser.add_argument("--backends", default="1,5", help="backends per review, comma-separated")
     args = parser.parse_args()
     out: Any = open(args.output, "w", encoding="utf-8")  # noqa: SIM115 - open for the whole run
+    for backends in (int(b) for b in args.backends.split(",")):
+        run(args, out, backends)
 
-    inbound, verdict = make_review()
+
+def run(args: argparse.Namespace, out: Any, backends: int) -> None:
+    inbound, verdict = make_review(backends)
     rows: list[tuple[str, float]] = []
 
     def row(label: str, obs: Observability, n: int = args.n) -> None:
@@ -148,7 +155,8 @@ def main() -> None:
     row("reference: review log with structlog's stock JSON chain", Observability(None), args.n // 4)
 
     width = max(len(r[0]) for r in rows)
-    print(f"µs per review (5 backends), best of 5 x {args.n}; output={args.output}")
+    plural = "" if backends == 1 else "s"
+    print(f"µs per review ({backends} backend{plural}), best of 5 x {args.n}; output={args.output}")
     for label, micros in rows:
         print(f"  {label:<{width}}  {micros:7.2f}")
 

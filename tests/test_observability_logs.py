@@ -7,9 +7,11 @@ read back from the stream ``configure_logging`` writes to.
 
 from __future__ import annotations
 
+import datetime
 import io
 import json
 import logging
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,7 +24,13 @@ from gateway.admission import Status
 from gateway.config.model import ClientConfig, Snapshot, Webhook
 from gateway.config.selectors import LabelSelector
 from gateway.dispatch.engine import Verdict
-from gateway.dispatch.report import DispatchReport, InvocationOutcome, InvocationRecord
+from gateway.dispatch.report import (
+    ConditionRecord,
+    DispatchReport,
+    InvocationOutcome,
+    InvocationRecord,
+    ModeRecord,
+)
 from gateway.errors import ConfigProblem
 from gateway.observability.logs import configure_logging
 from gateway.observability.metrics import Metrics
@@ -884,3 +892,201 @@ def test_raw_is_valid_json_in_message() -> None:
     line = review_lines(logs)[0]
     assert line["patch"] == "not json"
     assert not isinstance(line["patch"], msgspec.Raw)
+
+
+# --- the bytes written: golden lines -----------------------------------------------------------------
+
+FROZEN = datetime.datetime(2026, 11, 24, 13, 44, 52, 123456, tzinfo=datetime.UTC)
+
+
+# Stands in for the ``datetime`` module in gateway.observability.logs: ``datetime.now()`` is FROZEN.
+FROZEN_CLOCK = types.SimpleNamespace(datetime=types.SimpleNamespace(now=lambda tz=None: FROZEN))
+
+
+def _golden_case(case: str) -> tuple[Observability, dict[str, Any]]:
+    """An observer and the ``review_finished`` arguments of one golden case."""
+    five = [rec(f"check-{i}.policy.example.com", seconds=0.0012 + i * 0.0003) for i in range(5)]
+    if case == "one backend, allowed, trace bound":
+        return Observability(Metrics()), {"verdict": answer("validating", rec("a.example.com"))}
+    if case == "five backends, traceparent header":
+        return Observability(Metrics()), {"verdict": answer("validating", *five), "trace": TRACEPARENT}
+    if case == "denied: rejection, fail-closed timeout, fail-open":
+        verdict = answer(
+            "validating",
+            rec("deny.example.com", "rejected", 403, reason=DENY),
+            rec("slow.example.com", "failed_closed", 500, reason=FAIL, error_kind="timeout"),
+            rec(
+                "ign.example.com",
+                "failed_open",
+                503,
+                reason="failed to call webhook: 503",
+                error_kind="status",
+            ),
+            denied_by="deny.example.com",
+            deny_reason=DENY,
+        )
+        return Observability(Metrics()), {"verdict": verdict, "seconds": 1.23456789}
+    if case == "no verdict: 400":
+        return Observability(Metrics()), {
+            "verdict": None, "review": None, "code": 400, "error": "request.uid is required",
+        }  # fmt: skip
+    if case == "no verdict: 500":
+        return Observability(Metrics()), {"verdict": None, "code": 500, "error": "boom"}
+    if case == "denied without report":
+        verdict = Verdict(allowed=False, status=Status(status="Failure", message="from status", code=500))
+        return Observability(Metrics()), {"verdict": verdict}
+    if case == "mutating: patch, warnings, reinvocation, modes, dry run, subresource":
+        mutated = rec("m.example.com")
+        mutated.mutated = True
+        warn = rec("w.example.com", "rejected", 403, reason="would deny")
+        warn.mode = "Warn"
+        verdict = answer(
+            "mutating", mutated, warn, patch=b'[{"op":"add","path":"/x","value":1}]', warnings=["w"]
+        )
+        assert verdict.report is not None
+        verdict.report.reinvoked = ["m.example.com"]
+        verdict.report.deadline_exhausted = True
+        verdict.report.modes = [ModeRecord("w.example.com", "policies", "Warn", 0, 1)]
+        review = inbound(
+            group="apps", resource="deployments", sub_resource="scale", namespace="", dry_run=True
+        )
+        return Observability(Metrics()), {"verdict": verdict, "review": review, "seconds": 0.0000004}
+    if case == "log bodies":
+        verdict = answer("mutating", rec("m.example.com"), patch=b'[{"op":"add","path":"/x","value":1}]')
+        return Observability(Metrics(), log_bodies=True), {"verdict": verdict}
+    if case == "log bodies, a patch that is not JSON":
+        verdict = answer("mutating", rec("m.example.com"), patch=b"not json")
+        return Observability(None, log_bodies=True), {"verdict": verdict}
+    if case == "match condition errors and dropped entries":
+        verdict = answer("validating", rec("a.example.com"))
+        assert verdict.report is not None
+        verdict.report.conditions = [
+            ConditionRecord("a.example.com", False, 1, 0.0001, (("c1", "no such key"),))
+        ]
+        verdict.report.dropped = ["annotation x"]
+        return Observability(Metrics()), {"verdict": verdict}
+    raise AssertionError(case)
+
+
+GOLDEN: dict[str, bytes] = {  # written by the code before the canonical line had a fast path
+    "one backend, allowed, trace bound": b'{"timestamp":"2026-11-24T13:44:52.123456Z","level":"info","event":"review","uid":"705ab4f5-6393-11e8-b7cc-42010a800002","endpoint":"validating","api_version":"admission.k8s.io/v1","operation":"CREATE","resource":"apps/v1/deployments","namespace":"team-a","name":"web","decision":"allowed","code":200,"backends":[{"name":"a.example.com","round":0,"outcome":"allowed","code":200,"ms":2.0,"version":"v1","uid":"b-uid"}],"total_ms":10.0,"backend_ms":2.0,"overhead_ms":8.0,"trace_id":"11111111111111111111111111111111"}\n',
+    "five backends, traceparent header": b'{"timestamp":"2026-11-24T13:44:52.123456Z","level":"info","event":"review","uid":"705ab4f5-6393-11e8-b7cc-42010a800002","endpoint":"validating","api_version":"admission.k8s.io/v1","operation":"CREATE","resource":"apps/v1/deployments","namespace":"team-a","name":"web","decision":"allowed","code":200,"backends":[{"name":"check-0.policy.example.com","round":0,"outcome":"allowed","code":200,"ms":1.2,"version":"v1","uid":"b-uid"},{"name":"check-1.policy.example.com","round":0,"outcome":"allowed","code":200,"ms":1.5,"version":"v1","uid":"b-uid"},{"name":"check-2.policy.example.com","round":0,"outcome":"allowed","code":200,"ms":1.8,"version":"v1","uid":"b-uid"},{"name":"check-3.policy.example.com","round":0,"outcome":"allowed","code":200,"ms":2.1,"version":"v1","uid":"b-uid"},{"name":"check-4.policy.example.com","round":0,"outcome":"allowed","code":200,"ms":2.4,"version":"v1","uid":"b-uid"}],"total_ms":10.0,"backend_ms":2.4,"overhead_ms":7.6,"trace_id":"0af7651916cd43dd8448eb211c80319c"}\n',
+    "denied: rejection, fail-closed timeout, fail-open": (
+        b'{"timestamp":"2026-11-24T13:44:52.123456Z","level":"warning","event":"backend failed open","uid":"705ab4f5-6393-11e8-b7cc-42010a800002","endpoint":"validating","webhook":"ign.example.com","round":0,"code":503,"error":"failed to call webhook: 503","error_kind":"status"}\n'
+        b'{"timestamp":"2026-11-24T13:44:52.123456Z","level":"info","event":"review","uid":"705ab4f5-6393-11e8-b7cc-42010a800002","endpoint":"validating","api_version":"admission.k8s.io/v1","operation":"CREATE","resource":"apps/v1/deployments","namespace":"team-a","name":"web","decision":"denied","code":200,"denied_by":"deny.example.com","reason":"admission webhook \\"deny.example.com\\" denied the request: image registry not allowed","backends":[{"name":"deny.example.com","round":0,"outcome":"rejected","code":403,"ms":2.0,"version":"v1","uid":"b-uid","reason":"admission webhook \\"deny.example.com\\" denied the request: image registry not allowed"},{"name":"slow.example.com","round":0,"outcome":"failed_closed","code":500,"ms":2.0,"version":"v1","uid":"b-uid","reason":"Internal error occurred: failed calling webhook \\"slow.example.com\\": failed to call webhook: Post \\"https://slow.svc:443/check?timeout=1s\\": context deadline exceeded","error_kind":"timeout"},{"name":"ign.example.com","round":0,"outcome":"failed_open","code":503,"ms":2.0,"version":"v1","uid":"b-uid","reason":"failed to call webhook: 503","error_kind":"status"}],"total_ms":1234.568,"backend_ms":2.0,"overhead_ms":1232.568}\n'
+    ),
+    "no verdict: 400": b'{"timestamp":"2026-11-24T13:44:52.123456Z","level":"warning","event":"review","endpoint":"validating","decision":"error","code":400,"error":"request.uid is required","total_ms":10.0}\n',
+    "no verdict: 500": b'{"timestamp":"2026-11-24T13:44:52.123456Z","level":"error","event":"review","endpoint":"validating","decision":"error","code":500,"error":"boom","total_ms":10.0}\n',
+    "denied without report": b'{"timestamp":"2026-11-24T13:44:52.123456Z","level":"info","event":"review","uid":"705ab4f5-6393-11e8-b7cc-42010a800002","endpoint":"validating","api_version":"admission.k8s.io/v1","operation":"CREATE","resource":"apps/v1/deployments","namespace":"team-a","name":"web","decision":"denied","code":200,"reason":"from status","total_ms":10.0}\n',
+    "mutating: patch, warnings, reinvocation, modes, dry run, subresource": b'{"timestamp":"2026-11-24T13:44:52.123456Z","level":"info","event":"review","uid":"705ab4f5-6393-11e8-b7cc-42010a800002","endpoint":"mutating","api_version":"admission.k8s.io/v1","operation":"CREATE","resource":"apps/v1/deployments/scale","name":"web","dry_run":true,"decision":"allowed","code":200,"backends":[{"name":"m.example.com","round":0,"outcome":"allowed","code":200,"ms":2.0,"version":"v1","uid":"b-uid","mutated":true},{"name":"w.example.com","round":0,"outcome":"rejected","code":403,"ms":2.0,"version":"v1","uid":"b-uid","reason":"would deny","mode":"Warn"}],"total_ms":0.0,"backend_ms":4.0,"overhead_ms":0.0,"reinvoked":["m.example.com"],"modes":{"w.example.com":"Warn"},"deadline_exhausted":true,"patched":true,"warnings":1}\n',
+    "log bodies": b'{"timestamp":"2026-11-24T13:44:52.123456Z","level":"info","event":"review","uid":"705ab4f5-6393-11e8-b7cc-42010a800002","endpoint":"mutating","api_version":"admission.k8s.io/v1","operation":"CREATE","resource":"apps/v1/deployments","namespace":"team-a","name":"web","decision":"allowed","code":200,"backends":[{"name":"m.example.com","round":0,"outcome":"allowed","code":200,"ms":2.0,"version":"v1","uid":"b-uid"}],"total_ms":10.0,"backend_ms":2.0,"overhead_ms":8.0,"patched":true,"object":{"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "labels": {"app": "web"}}},"patch":[{"op":"add","path":"/x","value":1}]}\n',
+    "log bodies, a patch that is not JSON": b'{"timestamp":"2026-11-24T13:44:52.123456Z","level":"info","event":"review","uid":"705ab4f5-6393-11e8-b7cc-42010a800002","endpoint":"mutating","api_version":"admission.k8s.io/v1","operation":"CREATE","resource":"apps/v1/deployments","namespace":"team-a","name":"web","decision":"allowed","code":200,"backends":[{"name":"m.example.com","round":0,"outcome":"allowed","code":200,"ms":2.0,"version":"v1","uid":"b-uid"}],"total_ms":10.0,"backend_ms":2.0,"overhead_ms":8.0,"patched":true,"object":{"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "labels": {"app": "web"}}},"patch":"not json"}\n',
+    "match condition errors and dropped entries": (
+        b'{"timestamp":"2026-11-24T13:44:52.123456Z","level":"warning","event":"match condition failed","uid":"705ab4f5-6393-11e8-b7cc-42010a800002","endpoint":"validating","webhook":"a.example.com","condition":"c1","error":"no such key"}\n'
+        b'{"timestamp":"2026-11-24T13:44:52.123456Z","level":"warning","event":"review entries dropped","uid":"705ab4f5-6393-11e8-b7cc-42010a800002","endpoint":"validating","dropped":["annotation x"]}\n'
+        b'{"timestamp":"2026-11-24T13:44:52.123456Z","level":"info","event":"review","uid":"705ab4f5-6393-11e8-b7cc-42010a800002","endpoint":"validating","api_version":"admission.k8s.io/v1","operation":"CREATE","resource":"apps/v1/deployments","namespace":"team-a","name":"web","decision":"allowed","code":200,"backends":[{"name":"a.example.com","round":0,"outcome":"allowed","code":200,"ms":2.0,"version":"v1","uid":"b-uid"}],"total_ms":10.0,"backend_ms":2.0,"overhead_ms":8.0}\n'
+    ),
+}
+
+
+@pytest.mark.parametrize("context", [False, True], ids=["", "with a bound structlog context variable"])
+@pytest.mark.parametrize("case", list(GOLDEN))
+def test_golden_lines(
+    output: io.TextIOWrapper, monkeypatch: pytest.MonkeyPatch, case: str, context: bool
+) -> None:
+    """The JSON lines a review writes, byte for byte (timestamp frozen), as configure_logging set them up.
+
+    With ``--workers`` every line carries the worker's structlog context variable after its fields.
+    """
+    from gateway.observability import logs
+
+    monkeypatch.setattr(logs, "datetime", FROZEN_CLOCK)
+    configure_logging("info", "json", stream=output)
+    obs, kw = _golden_case(case)
+    trace = ("1" * 32, "01") if case == "one backend, allowed, trace bound" else None
+    token = current_trace.set(trace)
+    structlog.contextvars.clear_contextvars()
+    if context:
+        structlog.contextvars.bind_contextvars(worker=2)
+    try:
+        observe(obs, "mutating" if case.startswith(("mutating", "log bodies")) else "validating", **kw)
+    finally:
+        structlog.contextvars.clear_contextvars()
+        current_trace.reset(token)
+    expected = GOLDEN[case]
+    if context:
+        expected = b"\n".join(line[:-1] + b',"worker":2}' for line in expected.splitlines()) + b"\n"
+    assert _text(output).encode() == expected
+
+
+@pytest.mark.parametrize(
+    ("fields", "context"),
+    [
+        pytest.param({"a": 1, "b": [1, {"c": None}], "d": msgspec.Raw(b'{"x":1}')}, {}, id="plain fields"),
+        pytest.param(
+            {"a": 1, "value": ValueError("nope")}, {"worker": 3, "a": "ctx"}, id="context variables"
+        ),
+        pytest.param(
+            {"a": 1}, {"level": "ctx", "timestamp": "ctx", "event": "ctx"}, id="context keys the chain sets"
+        ),
+        pytest.param({"a": 1}, {"exc_info": True, "z": 1}, id="an exc_info context variable"),
+        pytest.param({"a": 1, "timestamp": "mine"}, {}, id="a field the chain sets"),
+        pytest.param({"exc_info": ValueError("x"), "a": 1}, {}, id="an exc_info field"),
+    ],
+)
+@pytest.mark.parametrize(
+    "level", [logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL]
+)
+def test_event_writer_writes_what_the_chain_writes(
+    output: io.TextIOWrapper,
+    monkeypatch: pytest.MonkeyPatch,
+    fields: dict[str, Any],
+    context: dict[str, Any],
+    level: int,
+) -> None:
+    """EventWriter.write(level, event, fields) writes the bytes bound.log(level, event, **fields) writes."""
+    from gateway.observability import logs
+
+    monkeypatch.setattr(logs, "datetime", FROZEN_CLOCK)
+    configure_logging("debug", "json", stream=output)
+    bound = structlog.get_logger("gateway.review").bind()
+    writer = logs.EventWriter(bound)
+    structlog.contextvars.clear_contextvars()
+    structlog.contextvars.bind_contextvars(**context)
+    try:
+        bound.log(level, "event", **dict(fields))
+        expected = _text(output).encode()
+        writer.write(level, "event", dict(fields))
+    finally:
+        structlog.contextvars.clear_contextvars()
+    assert _text(output).encode() == expected * 2
+
+
+def test_event_writer_follows_the_chain_it_was_made_with(output: io.TextIOWrapper) -> None:
+    """capture_logs (or any other chain) in force at the time of the call gets the event as bound.log would."""
+    from gateway.observability import logs
+
+    configure_logging("info", "json", stream=output)
+    bound = structlog.get_logger("gateway.review").bind()
+    writer = logs.EventWriter(bound)
+    with capture_logs() as captured:
+        writer.write(logging.WARNING, "review", {"a": 1})
+    assert captured == [{"a": 1, "event": "review", "log_level": "warning"}]
+    assert _text(output) == ""
+    with_context = logs.EventWriter(bound.bind(k="v"))  # bound context comes first: the chain writes it
+    with_context.write(logging.INFO, "review", {"a": 1})
+    assert list(_json_lines(output)[0])[3:] == ["k", "a"]
+    configure_logging("info", "console", stream=output)
+    logs.EventWriter(structlog.get_logger("gateway.review").bind()).write(logging.INFO, "review", {"a": 1})
+    assert _text(output).splitlines()[1].endswith("a=1")
+
+
+@pytest.mark.parametrize("kind", ["validating", "mutating"])
+@pytest.mark.parametrize("durations", [(), (0.003,), (0.001, 0.004, 0.002)], ids=["none", "one", "three"])
+def test_backend_seconds_of_is_the_reports(kind: str, durations: tuple[float, ...]) -> None:
+    """The shortcut for one invocation gives what DispatchReport.backend_seconds gives."""
+    from gateway.observability.canonical import backend_seconds_of
+
+    r = answer(kind, *(rec(f"b{i}", seconds=s) for i, s in enumerate(durations))).report
+    assert r is not None
+    assert backend_seconds_of(r) == r.backend_seconds

@@ -6,6 +6,7 @@ checked is what a Prometheus server would scrape.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 import pytest
@@ -889,3 +890,122 @@ def test_scripted_reviews_exact_counters() -> None:
         L(endpoint="validating", decision="denied"),
         L(endpoint="mutating", decision="denied"),
     }
+
+
+# --- the hot path's caches change nothing --------------------------------------------------------------
+
+
+def _reference_review_finished(
+    m: Metrics,
+    endpoint: str,
+    *,
+    code: int,
+    seconds: float,
+    operation: str = "",
+    allowed: bool | None = None,
+    report: DispatchReport | None = None,
+) -> None:
+    """MET-02..09 for one review, straight from the spec through ``Family.labels``: no caches at all."""
+    webhook_type = {"validating": "validating", "mutating": "admit"}.get(endpoint, endpoint)
+    step_type = {"validating": "validate", "mutating": "admit"}.get(endpoint, endpoint)
+    m.reviews_in_flight.labels(endpoint).value -= 1
+    decision = "error" if allowed is None else ("allowed" if allowed else "denied")
+    m.inbound_requests.labels(endpoint, str(code)).value += 1
+    m.review_duration.labels(endpoint, decision).observe(seconds)
+    if allowed is None:
+        return
+    op = report.operation if report is not None else operation
+    op = op if op in ("CREATE", "UPDATE", "DELETE", "CONNECT") else "UNKNOWN"
+    m.step_duration.labels(step_type, op, "false" if allowed else "true").observe(seconds)
+    if report is None:
+        return
+    m.review_overhead.labels(endpoint).observe(max(0.0, seconds - report.backend_seconds))
+    for r in report.invocations:
+        if r.outcome == "cancelled":
+            continue
+        capped = min(r.code, 600)
+        rejected = "true" if r.rejected else "false"
+        m.webhook_duration.labels(r.name, webhook_type, op, rejected).observe(r.duration_seconds)
+        m.webhook_requests.labels(r.name, webhook_type, op, str(capped), rejected).value += 1
+        m.call_duration.labels(r.name, webhook_type).observe(r.duration_seconds)
+        if r.outcome == "allowed":
+            continue
+        reason = "internal" if not r.error_kind else r.error_kind
+        if reason != "internal" and not re.fullmatch(r"[a-z][a-z0-9_]{0,31}", reason):
+            reason = "other"
+        if r.outcome == "failed_open":
+            m.webhook_fail_open.labels(r.name, webhook_type).value += 1
+            m.call_errors.labels(r.name, webhook_type, reason).value += 1
+            continue
+        if r.outcome == "failed_closed":
+            m.call_errors.labels(r.name, webhook_type, reason).value += 1
+        rejection_code = "0" if r.outcome == "internal_error" else str(capped)
+        m.webhook_rejections.labels(r.name, webhook_type, op, r.error_type, rejection_code).value += 1
+    for c in report.conditions:
+        if c.excluded:
+            m.condition_exclusions.labels(c.name, "webhook", step_type, op).value += 1
+        if c.evaluation_errors:
+            m.condition_errors.labels(c.name, "webhook", webhook_type, op).value += c.evaluation_errors
+        m.condition_seconds.labels(c.name, "webhook", webhook_type, op).observe(c.seconds)
+    if report.deadline_exhausted:
+        m.deadline_exhausted.labels(step_type).value += 1
+    for name in report.reinvoked:
+        m.reinvocations.labels(name).value += 1
+
+
+def _scripted_reviews() -> list[tuple[str, dict[str, object]]]:
+    """Reviews of every shape: endpoints, codes, decisions, outcomes, bucket edges, conditions."""
+    reviews: list[tuple[str, dict[str, object]]] = [  # first of all: no report, then no verdict
+        ("mutating", {"code": 200, "seconds": 0.002, "operation": "UPDATE", "allowed": True}),
+        ("validating", {"code": 499, "seconds": 0.002}),
+    ]
+    outcomes: list[tuple[InvocationOutcome, int, str]] = [
+        ("allowed", 200, ""), ("rejected", 403, ""), ("failed_closed", 503, "timeout"),
+        ("failed_open", 502, "connect"), ("failed_open", 0, "shed"), ("failed_open", 700, "Bad Kind"),
+        ("internal_error", 0, ""), ("cancelled", 0, ""), ("failed_closed", 900, ""),
+    ]  # fmt: skip
+    edges = [0.0, 0.0005, 0.0004999, 0.005, 0.0050001, 0.1, 25.0, 99.0]
+    for i in range(60):
+        endpoint = ("validating", "mutating")[i % 2]
+        outcome, code, kind = outcomes[i % len(outcomes)]
+        records = [
+            rec(f"b{j}.example.com", outcome if j == 0 else "allowed", code if j == 0 else 200,
+                edges[(i + j) % len(edges)], error_kind=kind)
+            for j in range(1 + i % 3)
+        ]  # fmt: skip
+        extra: dict[str, object] = {}
+        if i % 7 == 0:
+            extra["conditions"] = [
+                ConditionRecord("b0.example.com", i % 2 == 0, i % 3, edges[i % len(edges)])
+            ]
+        if i % 11 == 0:
+            extra["deadline_exhausted"] = True
+        if i % 5 == 0 and endpoint == "mutating":
+            extra["reinvoked"] = ["b0.example.com"]
+        operation = ("CREATE", "UPDATE", "DELETE", "CONNECT", "PATCH")[i % 5]
+        r = report(endpoint, *records, operation=operation, **extra)
+        seconds = edges[(i * 3) % len(edges)] + 0.001 * (i % 4)
+        reviews.append((endpoint, {"code": 200, "seconds": seconds, "allowed": r.allowed, "report": r}))
+        if i % 4 == 0:  # a verdict without report, and requests without verdict
+            reviews.append(
+                (endpoint, {"code": 200, "seconds": seconds, "operation": operation, "allowed": i % 8 == 0})
+            )
+            reviews.append((endpoint, {"code": (400, 413, 499, 500)[i // 4 % 4], "seconds": seconds}))
+    return reviews
+
+
+def test_cached_hot_path_records_what_the_spec_formulation_records() -> None:
+    """Metrics.review_finished (with its per-label-set caches) renders the exposition, byte for byte and
+    series in the same order, that the plain ``Family.labels`` formulation of MET-02..09 renders."""
+    fast, reference = Metrics(), Metrics()
+    for endpoint, kw in _scripted_reviews():
+        fast.review_started(endpoint)
+        fast.review_finished(endpoint, **kw)  # type: ignore[arg-type]
+        reference.reviews_in_flight.labels(endpoint).value += 1
+        _reference_review_finished(reference, endpoint, **kw)  # type: ignore[arg-type]
+
+    def gateway_lines(m: Metrics) -> list[bytes]:
+        return [line for line in m.render()[0].splitlines() if b"webhook_gateway_" in line]
+
+    assert gateway_lines(fast) == gateway_lines(reference)
+    assert len(gateway_lines(fast)) > 1000

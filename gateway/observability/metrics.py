@@ -94,11 +94,6 @@ def _bool(value: bool) -> str:
     return "true" if value else "false"
 
 
-def _operation(operation: str) -> str:
-    """The operation label: a closed set, so that a malformed review cannot add series."""
-    return operation if operation in OPERATIONS else "UNKNOWN"
-
-
 def _error_reason(record: InvocationRecord) -> str:
     kind = record.error_kind
     if not kind:
@@ -153,6 +148,29 @@ class HistogramChild:
         # bisect_left finds the first bound >= value: Prometheus buckets are "less than or equal".
         self.counts[bisect_left(self.bounds, value)] += 1
         self.sum += value
+
+
+class _ReviewCells:
+    """The children one kind of finished review updates (per endpoint, code, decision, operation)."""
+
+    __slots__ = ("duration", "in_flight", "overhead", "requests", "step", "webhook_type")
+
+    def __init__(
+        self,
+        *,
+        in_flight: GaugeChild,
+        requests: CounterChild,
+        duration: HistogramChild,
+        step: HistogramChild | None,
+        overhead: HistogramChild | None,
+        webhook_type: str,
+    ) -> None:
+        self.in_flight = in_flight  # reviews_in_flight
+        self.requests = requests  # inbound_requests_total
+        self.duration = duration  # review_duration_seconds
+        self.step = step  # MET-08, with a verdict
+        self.overhead = overhead  # review_overhead_seconds, with a report
+        self.webhook_type = webhook_type  # MET-06's type label of the invocations
 
 
 Kind = Literal["counter", "gauge", "histogram"]
@@ -442,17 +460,24 @@ class Metrics:
         for result in ("success", "failure"):
             self.certificate_reloads.labels(result)
 
-        # Hot-path caches: several children fetched with one dict lookup.
+        # Hot-path caches: every child a review or an invocation updates, fetched with one dict lookup.
+        # Children are still created on first use, in the same order (``labels`` creates them), so the
+        # exposition is the same as without the caches; the keys are label values (plus the outcome
+        # and whether there is a report), so these grow with the families and no further.
+        self._in_flight: dict[str, GaugeChild] = {}
+        self._review_cells: dict[tuple[str, int, bool | None, str, bool], _ReviewCells] = {}
         self._invocation_children: dict[
-            tuple[str, str, str, int, bool], tuple[HistogramChild, CounterChild, HistogramChild]
+            tuple[str, str, str, int, str], tuple[HistogramChild, CounterChild, HistogramChild]
         ] = {}
-        self._review_children: dict[tuple[str, int, str], tuple[CounterChild, HistogramChild]] = {}
 
     # --- per review ------------------------------------------------------------------------------
 
     def review_started(self, endpoint: Endpoint) -> None:
         """A review request arrived (in-flight gauge)."""
-        self.reviews_in_flight.labels(endpoint).value += 1
+        child = self._in_flight.get(endpoint)
+        if child is None:
+            child = self._in_flight[endpoint] = self.reviews_in_flight.labels(endpoint)
+        child.value += 1
 
     def review_finished(
         self,
@@ -463,36 +488,62 @@ class Metrics:
         operation: str = "",
         allowed: bool | None = None,
         report: DispatchReport | None = None,
+        backend_seconds: float | None = None,
     ) -> None:
         """Record one finished review request.
 
         ``allowed`` is None when the request got no verdict (400, 413, caller gone); then only the
         inbound counters and the end-to-end latency are recorded. With a verdict, MET-08's step
         metric is observed once, and each invocation in ``report`` per MET-02..07.
+        ``backend_seconds`` is ``report.backend_seconds`` when the caller has it already.
         """
-        self.reviews_in_flight.labels(endpoint).value -= 1
-        decision = "error" if allowed is None else ("allowed" if allowed else "denied")
-        key = (endpoint, code, decision)
-        review = self._review_children.get(key)
-        if review is None:
-            review = self._review_children[key] = (
-                self.inbound_requests.labels(endpoint, str(code)),
-                self.review_duration.labels(endpoint, decision),
-            )
-        review[0].value += 1
-        review[1].observe(seconds)
+        # The operation label is a closed set, so that a malformed review cannot add series.
         if allowed is None:
+            op = ""
+        elif report is not None:
+            op = report.operation if report.operation in OPERATIONS else "UNKNOWN"
+        else:
+            op = operation if operation in OPERATIONS else "UNKNOWN"
+        key = (endpoint, code, allowed, op, report is not None)
+        cells = self._review_cells.get(key)
+        if cells is None:
+            cells = self._review_cells[key] = self._new_review_cells(key)
+        cells.in_flight.value -= 1
+        cells.requests.value += 1
+        cells.duration.observe(seconds)
+        step = cells.step
+        if step is None:  # no verdict
             return
-
-        op = _operation(report.operation if report is not None else operation)
-        self.step_duration.labels(_STEP_TYPE.get(endpoint, endpoint), op, _bool(not allowed)).observe(seconds)
-        if report is None:
+        step.observe(seconds)
+        overhead = cells.overhead
+        if overhead is None or report is None:
             return
-        self.review_overhead.labels(endpoint).observe(max(0.0, seconds - report.backend_seconds))
+        if backend_seconds is None:
+            backend_seconds = report.backend_seconds
+        overhead.observe(seconds - backend_seconds if seconds > backend_seconds else 0.0)
 
-        webhook_type = _WEBHOOK_TYPE.get(endpoint, endpoint)
+        webhook_type = cells.webhook_type
+        children_of = self._invocation_children
         for record in report.invocations:
-            self._observe_invocation(record, webhook_type, op)
+            outcome = record.outcome
+            if outcome == "cancelled":
+                # FPT-03/MET-04/MET-05: a call abandoned because the caller went away is not counted.
+                continue
+            capped = 600 if record.code > 600 else record.code  # MET-03/05
+            children = children_of.get((record.name, webhook_type, op, capped, outcome))
+            if children is None:
+                children = self._new_invocation_children(record, webhook_type, op, capped)
+            duration = record.duration_seconds
+            # MET-02 and the fine view; HistogramChild.observe, inlined: one call less each.
+            histogram = children[0]
+            histogram.counts[bisect_left(histogram.bounds, duration)] += 1
+            histogram.sum += duration
+            children[1].value += 1  # MET-03
+            histogram = children[2]
+            histogram.counts[bisect_left(histogram.bounds, duration)] += 1
+            histogram.sum += duration
+            if outcome != "allowed":
+                self._observe_call_error(record, webhook_type, op, capped)
         if report.conditions:
             self._observe_conditions(report, endpoint, op)
         if report.deadline_exhausted:
@@ -500,28 +551,43 @@ class Metrics:
         for name in report.reinvoked:
             self.reinvocations.labels(name).value += 1
 
-    def _observe_invocation(self, record: InvocationRecord, webhook_type: str, op: str) -> None:
-        outcome = record.outcome
-        if outcome == "cancelled":
-            # FPT-03/MET-04/MET-05: a call abandoned because the caller went away is not counted.
-            return
-        code = 600 if record.code > 600 else record.code  # MET-03/05
-        rejected = record.rejected  # MET-06
-        name = record.name
-        key = (name, webhook_type, op, code, rejected)
-        children = self._invocation_children.get(key)
-        if children is None:
-            children = self._invocation_children[key] = (
-                self.webhook_duration.labels(name, webhook_type, op, _bool(rejected)),
-                self.webhook_requests.labels(name, webhook_type, op, str(code), _bool(rejected)),
-                self.call_duration.labels(name, webhook_type),
-            )
-        seconds = record.duration_seconds
-        children[0].observe(seconds)  # MET-02
-        children[1].value += 1  # MET-03
-        children[2].observe(seconds)
-        if outcome == "allowed":
-            return
+    def _new_review_cells(self, key: tuple[str, int, bool | None, str, bool]) -> _ReviewCells:
+        """The children one kind of review updates, created (if new) in the order they are updated."""
+        endpoint, code, allowed, op, has_report = key
+        decision = "error" if allowed is None else ("allowed" if allowed else "denied")
+        in_flight = self._in_flight.get(endpoint)
+        if in_flight is None:
+            in_flight = self._in_flight[endpoint] = self.reviews_in_flight.labels(endpoint)
+        requests = self.inbound_requests.labels(endpoint, str(code))
+        duration = self.review_duration.labels(endpoint, decision)
+        step = overhead = None
+        if allowed is not None:
+            step = self.step_duration.labels(_STEP_TYPE.get(endpoint, endpoint), op, _bool(not allowed))
+            if has_report:
+                overhead = self.review_overhead.labels(endpoint)
+        return _ReviewCells(
+            in_flight=in_flight,
+            requests=requests,
+            duration=duration,
+            step=step,
+            overhead=overhead,
+            webhook_type=_WEBHOOK_TYPE.get(endpoint, endpoint),
+        )
+
+    def _new_invocation_children(
+        self, record: InvocationRecord, webhook_type: str, op: str, code: int
+    ) -> tuple[HistogramChild, CounterChild, HistogramChild]:
+        name, rejected = record.name, _bool(record.rejected)  # MET-06
+        children = self._invocation_children[(name, webhook_type, op, code, record.outcome)] = (
+            self.webhook_duration.labels(name, webhook_type, op, rejected),
+            self.webhook_requests.labels(name, webhook_type, op, str(code), rejected),
+            self.call_duration.labels(name, webhook_type),
+        )
+        return children
+
+    def _observe_call_error(self, record: InvocationRecord, webhook_type: str, op: str, code: int) -> None:
+        """MET-04/05 and call errors by reason, for an invocation that was not plainly allowed."""
+        outcome, name = record.outcome, record.name
         if outcome == "failed_open":
             self.webhook_fail_open.labels(name, webhook_type).value += 1  # MET-04
             self.call_errors.labels(name, webhook_type, _error_reason(record)).value += 1

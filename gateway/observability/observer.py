@@ -17,15 +17,18 @@ import structlog
 
 from gateway.config.model import Snapshot
 from gateway.conversion.convert import ConversionReport
+from gateway.dispatch.report import DispatchReport
 from gateway.dispatch.shadow import ShadowResult
 from gateway.observability.canonical import (
     InboundLike,
     VerdictLike,
+    backend_seconds_of,
     conversion_fields,
     failed_open_fields,
     review_fields,
     trace_id_of,
 )
+from gateway.observability.logs import EventWriter
 from gateway.observability.metrics import Metrics
 from gateway.resilience import CircuitState, Transition
 
@@ -87,6 +90,7 @@ class Observability:
         self.log_bodies = log_bodies
         self._log: Any = logger if logger is not None else structlog.get_logger("gateway.review")
         self._bound: Any = None  # the configured logger, resolved on first use (skips the lazy proxy)
+        self._review_line: EventWriter | None = None  # writes the canonical line through _bound
         self._not_made = LineThrottle(clock)
 
     # --- ReviewObserver --------------------------------------------------------------------------
@@ -110,6 +114,9 @@ class Observability:
         """A review request ended: with a verdict (HTTP 200), or without one (400, 413, 499, 500)."""
         try:
             report = verdict.report if verdict is not None else None
+            backend_seconds = 0.0  # computed once for the metrics and the line
+            if report is not None and (self.prometheus is not None or self.review_log):
+                backend_seconds = backend_seconds_of(report)
             if self.prometheus is not None:
                 self.prometheus.review_finished(
                     endpoint,
@@ -118,47 +125,25 @@ class Observability:
                     operation=inbound.attributes.operation if inbound is not None else "",
                     allowed=verdict.allowed if verdict is not None else None,
                     report=report,
+                    backend_seconds=backend_seconds,
                 )
             log = self._bound
-            if log is None:
+            review_line = self._review_line
+            if log is None or review_line is None:
                 log = self._bound = self._log.bind()
+                review_line = self._review_line = EventWriter(log)
             trace_id = ""
-            if report is not None and report.invocations:
-                uid = inbound.uid if inbound is not None else ""
+            if report is not None:
                 for record in report.invocations:
                     if record.outcome == "failed_open":
-                        left_out = 0
-                        if record.error_kind in CALLS_NOT_MADE:
-                            admitted = self._not_made.admit((record.name, record.error_kind))
-                            if admitted is None:
-                                continue
-                            left_out = admitted
-                        trace_id = trace_id or trace_id_of(trace)
-                        fields = failed_open_fields(endpoint, uid, record, trace_id)
-                        if left_out:
-                            fields["suppressed"] = left_out
-                        log.warning("backend failed open", **fields)
-            if report is not None and report.conditions:
-                for condition in report.conditions:
-                    for name, message in condition.errors:  # MAT-26/29: backend and condition named
-                        log.warning(
-                            "match condition failed",
-                            uid=inbound.uid if inbound is not None else "",
-                            endpoint=endpoint,
-                            webhook=condition.name,
-                            condition=name,
-                            error=message,
-                        )
-            if report is not None and report.dropped:
-                log.warning(
-                    "review entries dropped",
-                    uid=inbound.uid if inbound is not None else "",
-                    endpoint=endpoint,
-                    dropped=report.dropped,
-                )
+                        trace_id = self._warn_failed_open(log, endpoint, inbound, report, trace)
+                        break
+                if report.conditions or report.dropped:
+                    self._warn_report(log, endpoint, inbound, report)
             if not self.review_log:
                 return
-            level = _level_of(code, answered=verdict is not None)
+            # Answered reviews are INFO; unanswered ones WARNING (caller's fault) or ERROR (ours, 5xx).
+            level = _INFO if verdict is not None else (_ERROR if code >= 500 else _WARNING)
             if not log.is_enabled_for(level):
                 return
             fields = review_fields(
@@ -170,10 +155,53 @@ class Observability:
                 error=error,
                 trace_id=trace_id or trace_id_of(trace),
                 log_bodies=self.log_bodies,
+                backend_seconds=backend_seconds,
             )
-            log.log(level, "review", **fields)
+            review_line.write(level, "review", fields)
         except Exception:  # noqa: BLE001 - observing must never change or break the answer
             self._log.exception("recording a review failed", endpoint=endpoint, code=code)
+
+    def _warn_failed_open(
+        self, log: Any, endpoint: str, inbound: InboundLike | None, report: DispatchReport, trace: str
+    ) -> str:
+        """FPT-03: one warning per call error ignored under Ignore; returns the trace id if it was needed."""
+        trace_id = ""
+        uid = inbound.uid if inbound is not None else ""
+        for record in report.invocations:
+            if record.outcome == "failed_open":
+                left_out = 0
+                if record.error_kind in CALLS_NOT_MADE:
+                    admitted = self._not_made.admit((record.name, record.error_kind))
+                    if admitted is None:
+                        continue
+                    left_out = admitted
+                trace_id = trace_id or trace_id_of(trace)
+                fields = failed_open_fields(endpoint, uid, record, trace_id)
+                if left_out:
+                    fields["suppressed"] = left_out
+                log.warning("backend failed open", **fields)
+        return trace_id
+
+    @staticmethod
+    def _warn_report(log: Any, endpoint: str, inbound: InboundLike | None, report: DispatchReport) -> None:
+        """Match conditions that failed to evaluate (MAT-26/29) and dropped review entries."""
+        for condition in report.conditions:
+            for name, message in condition.errors:  # MAT-26/29: backend and condition named
+                log.warning(
+                    "match condition failed",
+                    uid=inbound.uid if inbound is not None else "",
+                    endpoint=endpoint,
+                    webhook=condition.name,
+                    condition=name,
+                    error=message,
+                )
+        if report.dropped:
+            log.warning(
+                "review entries dropped",
+                uid=inbound.uid if inbound is not None else "",
+                endpoint=endpoint,
+                dropped=report.dropped,
+            )
 
     def conversion_finished(self, report: ConversionReport) -> None:
         """A conversion request ended: MET-10/11 metrics and one canonical ``conversion`` line."""
@@ -339,8 +367,6 @@ class ConnectionCounts(Protocol):
     def open_connections(self) -> Mapping[Any, int]: ...
 
 
-def _level_of(code: int, *, answered: bool) -> int:
-    """Answered reviews are INFO; unanswered ones WARNING (caller's fault) or ERROR (ours, 5xx)."""
-    if answered:
-        return logging.INFO
-    return logging.ERROR if code >= 500 else logging.WARNING
+_INFO: Final = logging.INFO
+_WARNING: Final = logging.WARNING
+_ERROR: Final = logging.ERROR
