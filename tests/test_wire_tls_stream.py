@@ -280,3 +280,60 @@ async def test_a_reader_that_always_finds_data_ready_still_lets_other_tasks_run(
         nursery.cancel_scope.cancel()
     reads = size // 64
     assert ticks >= reads // 8, f"{ticks} ticks of other work during {reads} reads"
+
+
+async def test_send_now_writes_a_reply_the_socket_has_room_for_at_once(pair: Pair) -> None:
+    """``send_now`` (the inbound reply's path) writes everything without waiting when there is room."""
+    reply = b"r" * 5000
+    assert pair.server.send_now(reply) == len(reply)
+    assert await _receive_exactly(pair.client, len(reply)) == reply
+
+
+async def test_send_now_on_a_full_socket_writes_nothing_and_send_all_finishes_with_the_same_bytes(
+    pair: Pair,
+) -> None:
+    """A peer that does not read: ``send_now`` reports 0 (never a wait), and ``send_all`` with the same
+    bytes completes once the peer reads, the bytes intact and in order."""
+    chunk = os.urandom(64 * 1024)
+    sent_before_full = []
+    while (n := pair.server.send_now(chunk)) == len(chunk):
+        sent_before_full.append(chunk)
+        assert len(sent_before_full) < 10_000  # the socket buffers are finite
+    assert n == 0
+    received = bytearray()
+
+    async def read_all(total: int) -> None:
+        while len(received) < total:
+            received.extend(await pair.client.receive_some(65536))
+
+    total = (len(sent_before_full) + 1) * len(chunk)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(read_all, total)
+        await pair.server.send_all(chunk)
+    assert bytes(received) == b"".join(sent_before_full) + chunk
+
+
+@pytest.mark.parametrize(
+    ("state", "error"),
+    [
+        pytest.param("closed", trio.ClosedResourceError, id="send_now after aclose is refused as closed"),
+        pytest.param(
+            "sending", trio.BusyResourceError, id="send_now while another task sends is refused as busy"
+        ),
+    ],
+)
+async def test_send_now_refuses_like_send_all(pair: Pair, state: str, error: type[Exception]) -> None:
+    if state == "closed":
+        await pair.server.aclose()
+        with pytest.raises(error):
+            pair.server.send_now(b"x")
+        return
+    chunk = os.urandom(64 * 1024)
+    while pair.server.send_now(chunk):  # fill the socket so that send_all has to wait
+        pass
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pair.server.send_all, chunk)
+        await trio.sleep(0.05)
+        with pytest.raises(error):
+            pair.server.send_now(b"x")
+        nursery.cancel_scope.cancel()

@@ -217,6 +217,27 @@ class TLSSocketStream(trio.abc.Stream):
         finally:
             self._sending = False
 
+    def send_now(self, data: bytes | bytearray | memoryview) -> int:
+        """Write ``data`` without waiting, if the socket takes it: how many bytes were written.
+
+        0 means nothing could be written now and ``send_all`` must be given the same bytes (OpenSSL
+        may have taken part of them into a record it is still writing). No schedule point and no
+        cancel scope: a caller writing a small reply on a socket with room (the common case) skips
+        both; one that must wait falls back to ``send_all``, which waits under its own deadline.
+        """
+        if self._sending:
+            raise trio.BusyResourceError("another task is already sending on this TLS stream")
+        if self._closed:
+            raise trio.ClosedResourceError
+        if not self._handshook:
+            return 0
+        try:
+            return self.socket.send(data)
+        except (ssl.SSLWantWriteError, ssl.SSLWantReadError):
+            return 0
+        except (ssl.SSLError, OSError) as exc:
+            raise trio.BrokenResourceError(f"TLS write failed: {exc}") from exc
+
     async def wait_send_all_might_not_block(self) -> None:
         if self._closed:
             raise trio.ClosedResourceError
