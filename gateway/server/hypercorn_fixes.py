@@ -64,6 +64,7 @@ import h11
 import hypercorn.protocol
 import structlog
 import trio
+from h11._headers import Headers as H11Headers  # h11 0.16's header list (hypercorn_version pins it)
 from hypercorn.events import Closed, RawData, Updated
 from hypercorn.protocol import ProtocolWrapper
 from hypercorn.protocol.events import Body, Data, EndBody, Response, StreamClosed
@@ -92,6 +93,9 @@ log = structlog.get_logger("gateway.server")
 _RELEASE_GRACE: Final = 0.25
 
 _installed = False
+
+# h11 events are immutable: one end-of-message event serves every response.
+_END_OF_MESSAGE: Final = h11.EndOfMessage()
 
 
 def runtime_of(config: Any) -> InboundRuntime:
@@ -335,11 +339,14 @@ class GatewayH11Protocol(H11Protocol):
         if self.keep_alive_requests >= config.keep_alive_max_requests:
             headers.append((b"connection", b"close"))
         connection = self.connection
+        # h11's own header list, built directly: the app's names are lower-case already and its
+        # Content-Length is its body's length, so h11's normalising pass would only repeat work.
+        fields = H11Headers([(name, name.lower(), value) for name, value in headers])
         try:
-            data = connection.send(h11.Response(headers=headers, status_code=status, _parsed=True))
+            data = connection.send(h11.Response(headers=fields, status_code=status, _parsed=True))
             if body:
                 data += connection.send(h11.Data(data=body))
-            data += connection.send(h11.EndOfMessage())
+            data += connection.send(_END_OF_MESSAGE)
         except h11.LocalProtocolError:
             if connection.their_state != h11.ERROR:
                 raise

@@ -13,8 +13,11 @@ from typing import Final
 __all__ = ["VERIFIED_HYPERCORN", "UnsupportedHypercornError", "check_version"]
 
 # The hypercorn releases whose internals (TCPServer.run/protocol_send, H2Protocol._handle_events/
-# stream_send/_send_data, H11Protocol._send_h11_event, TaskGroup.spawn_app, HTTPStream.app_send)
-# were read and tested against. Another version must be read again before it is added here.
+# stream_send/_send_data, H11Protocol._handle_events/_check_protocol/_create_stream/_send_h11_event/
+# _maybe_recycle, TaskGroup.spawn_app, HTTPStream.handle/app_send/_send_error_response and its scope)
+# were read and tested against. Another version must be read again before it is added here. The
+# HTTP/1.1 patches also build h11's own header list (h11._headers.Headers), which pyproject.toml
+# pins to h11 0.16.x for that reason.
 VERIFIED_HYPERCORN: Final = frozenset({"0.18.0"})
 
 
