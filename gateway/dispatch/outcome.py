@@ -417,8 +417,10 @@ def settle(
         report.invocations.append(record)
         response = _response_of(outcome)
         if response is not None:
-            report.dropped += annotations.add_backend(hook.name, response.audit_annotations)
-            report.dropped += warnings.add(response.warnings)
+            if response.audit_annotations:
+                report.dropped += annotations.add_backend(hook.name, response.audit_annotations)
+            if response.warnings:
+                report.dropped += warnings.add(response.warnings)
         if kind == "mutating":
             _mutation_annotations(annotations, outcome, effect, settings)
         elif effect.failed_open:
