@@ -152,11 +152,11 @@ class ClientPool:
             path = target.wire_request_target(timeout_seconds)
             common: list[Header] = [
                 *self._fixed_headers,
-                (b"content-length", str(len(body)).encode()),
+                (b"content-length", b"%d" % len(body)),
                 *target.auth_headers,
             ]
-            if headers:
-                common += [(name.lower(), value) for name, value in headers]
+            for name, value in headers:
+                common.append((name.lower(), value))
             # At most one resend, and only of a request the backend provably never processed.
             for attempt in range(2):
                 # A free HTTP/2 stream slot is taken without a schedule point. Only for the first
