@@ -114,14 +114,16 @@ async def call_backend(
         return exc
 
 
-def condition_inputs(inbound: InboundReview, plans: Sequence[MatchPlan]) -> ConditionInputs:
+def condition_inputs(inbound: InboundReview, plans: Sequence[MatchPlan]) -> ConditionInputs | None:
     """CEL's variables for one review (MAT-25), ``request`` read from the decoded review itself.
 
-    Built only when some backend has match conditions: most reviews never evaluate CEL.
+    Built only when some backend has match conditions (None otherwise: nothing will read them);
+    most reviews never evaluate CEL.
     """
-    if not any(plan.has_conditions for plan in plans):
-        return ConditionInputs()
-    return ConditionInputs(request=inbound.cel_request())
+    for plan in plans:
+        if plan.has_conditions:
+            return ConditionInputs(request=inbound.cel_request())
+    return None
 
 
 def note_conditions(report: DispatchReport, hook: Webhook, decision: MatchDecision) -> None:
