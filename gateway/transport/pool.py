@@ -167,13 +167,13 @@ class ClientPool:
                 try:
                     if isinstance(connection, HTTP2Connection):
                         return await connection.request(
-                            [*target.pseudo_headers, (b":path", path), *common],
+                            [*target.pseudo_headers(), (b":path", path), *common],
                             body,
                             max_response_bytes=self._max_response_bytes,
                         )
                     return await connection.request(
                         path,
-                        [target.host_header, *common],
+                        [target.host_header(), *common],
                         body,
                         max_response_bytes=self._max_response_bytes,
                     )

@@ -56,19 +56,27 @@ class Target:
     http2_allowed: bool
     ssl_context: ssl.SSLContext | None = field(default=None, compare=False, repr=False)
     auth_headers: tuple[Header, ...] = field(default=(), compare=False, repr=False)
-    # Derived once per target: the wire form of what every call to it sends (see ``__post_init__``).
-    pseudo_headers: tuple[Header, ...] = field(init=False, compare=False, repr=False)
-    host_header: Header = field(init=False, compare=False, repr=False)
-    _wire_targets: dict[int, bytes] = field(init=False, compare=False, repr=False)
+    # The wire form of what every call to this target sends, encoded on first use and kept.
+    _pseudo: tuple[Header, ...] | None = field(default=None, init=False, compare=False, repr=False)
+    _host: Header | None = field(default=None, init=False, compare=False, repr=False)
+    _wire_targets: dict[int, bytes] = field(default_factory=dict, init=False, compare=False, repr=False)
 
-    def __post_init__(self) -> None:
-        authority = self.authority.encode()
-        # HTTP/2 ``:method``, ``:scheme``, ``:authority`` (``:path`` varies with the timeout), and
-        # HTTP/1.1 ``Host``.
-        pseudo = ((b":method", b"POST"), (b":scheme", self.scheme.encode()), (b":authority", authority))
-        object.__setattr__(self, "pseudo_headers", pseudo)
-        object.__setattr__(self, "host_header", (b"host", authority))
-        object.__setattr__(self, "_wire_targets", {})
+    def pseudo_headers(self) -> tuple[Header, ...]:
+        """HTTP/2 ``:method``, ``:scheme`` and ``:authority`` (``:path`` varies with the timeout)."""
+        pseudo = self._pseudo
+        if pseudo is None:
+            authority = self.authority.encode()
+            pseudo = ((b":method", b"POST"), (b":scheme", self.scheme.encode()), (b":authority", authority))
+            object.__setattr__(self, "_pseudo", pseudo)
+        return pseudo
+
+    def host_header(self) -> Header:
+        """HTTP/1.1 ``Host``."""
+        host = self._host
+        if host is None:
+            host = (b"host", self.authority.encode())
+            object.__setattr__(self, "_host", host)
+        return host
 
     def request_target(self, timeout_seconds: float) -> str:
         """Path and query sent on the wire: ``<path>?timeout=<d>`` (FPT-06, TRN-04)."""
