@@ -186,18 +186,7 @@ async def test_warn_mode_never_denies_and_warns(
         assert 'webhook_gateway_admission_webhook_fail_open_count{name="warned.example.com"' in metrics
 
 
-@pytest.mark.parametrize(
-    "kind",
-    [
-        pytest.param(
-            VALIDATING,
-            marks=pytest.mark.xfail(
-                strict=True, reason="the validating driver records the refusal as Enforce"
-            ),
-        ),
-        MUTATING,
-    ],
-)
+@pytest.mark.parametrize("kind", [VALIDATING, MUTATING])
 async def test_warn_mode_dry_run_refusal_is_a_warning(
     nursery: trio.Nursery, tmp_path: Path, kind: str
 ) -> None:

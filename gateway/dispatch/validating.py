@@ -205,7 +205,7 @@ def _admit(
     ``mode`` is the backend's rollout mode (``BackendPolicy.mode``), asked once per invocation.
     """
     if attrs.dry_run and hook.side_effects in SIDE_EFFECTS_REFUSED_ON_DRY_RUN:
-        return DryRunRefused(Invocation(hook, position=position), status.dry_run_status(hook.name))
+        return DryRunRefused(Invocation(hook, position=position, mode=mode), status.dry_run_status(hook.name))
     clock = backends.clock
     started = clock()
     try:
