@@ -30,9 +30,12 @@ import json
 import pstats
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 POD = ROOT / "loadtests" / "fixtures" / "pod.json"
@@ -45,7 +48,8 @@ SCENARIOS = {
 
 
 def config_yaml(kind: str, count: int) -> str:
-    """One configuration of ``count`` backends on loopback HTTPS (HTTP/2 allowed), as loadtests writes."""
+    """One configuration of ``count`` backends on loopback HTTPS (HTTP/2 allowed), as loadtests writes
+    it (``loadtests/scenarios.py``), each backend on its own origin."""
     webhooks = []
     for i in range(count):
         hook: dict[str, Any] = {
@@ -75,7 +79,7 @@ def config_yaml(kind: str, count: int) -> str:
         "metadata": {"name": f"bench-{kind}"},
         "webhooks": webhooks,
     }
-    return json.dumps(doc)  # JSON is YAML
+    return yaml.safe_dump(doc, sort_keys=False)
 
 
 def inbound_body() -> bytes:
@@ -157,7 +161,7 @@ async def bench(name: str, args: argparse.Namespace) -> list[float]:
     """CPU µs per review of each repeat of scenario ``name``."""
     import trio
 
-    from gateway.config.load import load_documents
+    from gateway.config.load import load_directory
     from gateway.dispatch.engine import Dispatcher
     from gateway.dispatch.outcome import DispatchSettings
     from gateway.dispatch.policy import GuardedBackends
@@ -209,7 +213,9 @@ async def bench(name: str, args: argparse.Namespace) -> list[float]:
             return labels
 
     kind, count = SCENARIOS[name]
-    snapshot = load_documents([("bench", json.loads(config_yaml(kind, count)))])
+    with tempfile.TemporaryDirectory() as config_dir:  # loaded as the server loads --config
+        (Path(config_dir) / "webhooks.yaml").write_text(config_yaml(kind, count))
+        snapshot = load_directory(config_dir)
     hooks = snapshot.validating if kind == "validating" else snapshot.mutating
     assert len(hooks) == count
     results: list[float] = []
