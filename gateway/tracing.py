@@ -31,7 +31,7 @@ def start_review_trace(inbound_header: str) -> str:
     """Bind the review's trace (the caller's, or a new one) to this context; returns the trace id."""
     parsed = parse_traceparent(inbound_header) if inbound_header else None
     if parsed is None:
-        trace_id, flags = _random_hex(128), "00"
+        trace_id, flags = f"{_bits(128) or 1:032x}", "00"
     else:
         trace_id, _, flags = parsed
     current_trace.set((trace_id, flags))
@@ -43,14 +43,10 @@ def child_traceparent() -> str | None:
     trace = current_trace.get()
     if trace is None:
         return None
-    return f"00-{trace[0]}-{_random_hex(64)}-{trace[1]}"
+    return f"00-{trace[0]}-{_bits(64) or 1:016x}-{trace[1]}"
 
 
-def _random_hex(bits: int) -> str:
-    """A random non-zero id as lowercase hex: trace and span ids need to be unique, not secret.
-
-    ``random`` (as OpenTelemetry's own id generator does) avoids a ``getrandom`` system call per id;
-    all-zero ids are invalid in W3C trace context.
-    """
-    value = random.getrandbits(bits) or 1
-    return f"{value:0{bits // 4}x}"
+# Trace and span ids: random non-zero numbers as lowercase hex (all-zero ids are invalid in W3C
+# trace context). They need to be unique, not secret: ``random`` (as OpenTelemetry's own id
+# generator does) avoids a ``getrandom`` system call per id.
+_bits: Final = random.getrandbits

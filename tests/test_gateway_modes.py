@@ -186,6 +186,31 @@ async def test_warn_mode_never_denies_and_warns(
         assert 'webhook_gateway_admission_webhook_fail_open_count{name="warned.example.com"' in metrics
 
 
+@pytest.mark.parametrize("kind", [VALIDATING, MUTATING])
+async def test_warn_mode_dry_run_refusal_is_a_warning(
+    nursery: trio.Nursery, tmp_path: Path, kind: str
+) -> None:
+    """FPT-09 in Warn mode: a backend with side effects is not called in a dry run, and the denial
+    the refusal would be becomes a warning, for validating and mutating backends alike."""
+    server = await backend(nursery)
+    warned = hook("warned.example.com", f"http://127.0.0.1:{server.port}/allow", sideEffects="Unknown")
+    doc = config(kind, [warned], "warned.example.com: {mode: Warn}")
+    doc["apiVersion"] = "admissionregistration.k8s.io/v1beta1"  # v1 allows only None/NoneOnDryRun
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "webhooks.yaml").write_text(yaml.safe_dump(doc))
+    running = await _gateway_with_metrics(nursery, tmp_path / "c")
+    client = await gateway_client(running)
+    path = "/validate" if kind == VALIDATING else "/mutate"
+    got = await client.post(path, json.dumps(review(pod(), dry_run=True)).encode())
+    assert got is not None and got.status == 200
+    answer = got.json["response"]
+    assert server.calls == []
+    assert answer["allowed"] is True, answer
+    assert answer["warnings"] == [
+        'warned.example.com: admission webhook "warned.example.com" does not support dry run'
+    ]
+
+
 async def test_warn_mode_mutating_backend_leaves_the_chain_unchanged(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:

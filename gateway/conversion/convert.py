@@ -45,7 +45,7 @@ from gateway.transport.resolve import resolve_target
 log = structlog.get_logger("gateway.conversion")
 
 NO_SUPPORTED_VERSIONS: Final = "no supported conversion review versions"
-_GUARD_SECONDS: Final = 0.05  # slack over the transport's own deadline, as for admission calls
+_GUARD_SECONDS: Final = 0.05  # slack over the transport's own deadline (admission calls have none)
 _SPOKEN: Final[dict[str, ReviewVersion]] = {"v1": "v1", "v1beta1": "v1beta1"}
 
 

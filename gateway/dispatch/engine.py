@@ -15,13 +15,13 @@ annotations, report for metrics and logs) once, in ``gateway.dispatch.outcome``,
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import trio
 
 from gateway.admission import AdmissionAttributes
 from gateway.config.model import Snapshot
-from gateway.config.plan import MatchPlan
+from gateway.config.plan import Candidate, MatchPlan
 from gateway.dispatch import mutating, validating
 from gateway.dispatch.invoke import Backends
 from gateway.dispatch.outcome import AdmitAll, BackendPolicy, DispatchSettings, PatchMode, Verdict
@@ -38,6 +38,14 @@ from gateway.matching import (
 from gateway.review import InboundReview
 
 __all__ = ["DispatchSettings", "Dispatcher", "PatchMode", "Verdict"]
+
+
+def _need_namespace(candidates: Sequence[Candidate]) -> bool:
+    """Whether some candidate has a namespaceSelector (MAT-12); if none has, nothing is looked up."""
+    for candidate in candidates:  # noqa: SIM110 - a plain loop: no generator per review
+        if candidate.plan.needs_namespace:
+            return True
+    return False
 
 
 class Dispatcher:
@@ -73,7 +81,9 @@ class Dispatcher:
         candidates = plans.candidates(attrs)
         if not candidates:
             return Verdict(allowed=True, report=report)  # VAL-02: no rules match
-        namespace = await self._namespace_labels([c.plan for c in candidates], attrs, deadline)
+        namespace = None
+        if _need_namespace(candidates):
+            namespace = await self._namespace_labels([c.plan for c in candidates], attrs, deadline)
         return await validating.validate(
             self.backends,
             self.settings,
@@ -94,7 +104,9 @@ class Dispatcher:
         candidates = plans.candidates(attrs)
         if not candidates:
             return Verdict(allowed=True, report=report)
-        namespace = await self._namespace_labels([c.plan for c in candidates], attrs, deadline)
+        namespace = None
+        if _need_namespace(candidates):
+            namespace = await self._namespace_labels([c.plan for c in candidates], attrs, deadline)
         return await mutating.mutate(
             self.backends,
             self.settings,

@@ -36,10 +36,6 @@ from gateway.review import (
 
 log = structlog.get_logger("gateway.dispatch")
 
-# A hair of slack over the transport's own cancel scope: if the transport ever overran its
-# deadline (a bug), dispatch still answers in time.
-_GUARD_SECONDS = 0.05
-
 
 @dataclass(slots=True)
 class Called:
@@ -85,56 +81,49 @@ async def call_backend(
     deadline: float,
     mutating: bool,
 ) -> Called | CallingWebhookError:
-    """One invocation of ``hook`` on the current object: its verified reply, or its call error."""
+    """One invocation of ``hook`` on the current object: its verified reply, or its call error.
+
+    The call is bounded by the caller alone (``WebhookCaller.call``'s ``timeout_seconds``, FPT-05):
+    its own cancel scope encloses every wait of the call, so a second scope here could never fire
+    first, and would cost as much as the rest of this function.
+    """
     try:
-        return await _call(caller, hook, inbound, attrs, deadline=deadline, mutating=mutating)
+        version = negotiate_version(hook)
+        if version is None:  # REV-05
+            return no_known_version_error()
+        remaining = min(float(hook.timeout_seconds), deadline - trio.current_time())
+        if remaining <= 0:
+            return deadline_exceeded(caller, hook)
+        backend_uid = new_request_uid()
+        body = encode_backend_request(inbound, version=version, uid=backend_uid, object=attrs.object)
+        reply = await caller.call(hook, body, timeout_seconds=remaining)
+        status_code = reply.status
+        if not 200 <= status_code <= 206:  # REV-09: anything else is a call error, body never decoded
+            cause, code = http_error_cause(status_code, reply.content_type, reply.body)
+            return CallingWebhookError(f"failed to call webhook: {cause}", status_code=code, kind="status")
+        response = decode_backend_response(
+            reply.body,
+            version=version,
+            sent_uid=backend_uid,
+            mutating=mutating,
+            status_code=status_code,
+            content_type=reply.content_type,
+        )
+        return Called(response, version, backend_uid)
     except CallingWebhookError as exc:
         return exc
 
 
-async def _call(
-    caller: WebhookCaller,
-    hook: Webhook,
-    inbound: InboundReview,
-    attrs: AdmissionAttributes,
-    *,
-    deadline: float,
-    mutating: bool,
-) -> Called:
-    version = negotiate_version(hook)
-    if version is None:  # REV-05
-        raise no_known_version_error()
-    remaining = min(float(hook.timeout_seconds), deadline - trio.current_time())
-    if remaining <= 0:
-        raise deadline_exceeded(caller, hook)
-    backend_uid = new_request_uid()
-    body = encode_backend_request(inbound, version=version, uid=backend_uid, object=attrs.object)
-    with trio.move_on_after(remaining + _GUARD_SECONDS) as guard:
-        reply = await caller.call(hook, body, timeout_seconds=remaining)
-    if guard.cancelled_caught:
-        raise deadline_exceeded(caller, hook)
-    if not 200 <= reply.status <= 206:  # REV-09: anything else is a call error, body never decoded
-        cause, code = http_error_cause(reply.status, reply.content_type, reply.body)
-        raise CallingWebhookError(f"failed to call webhook: {cause}", status_code=code, kind="status")
-    response = decode_backend_response(
-        reply.body,
-        version=version,
-        sent_uid=backend_uid,
-        mutating=mutating,
-        status_code=reply.status,
-        content_type=reply.content_type,
-    )
-    return Called(response=response, version=version, backend_uid=backend_uid)
-
-
-def condition_inputs(inbound: InboundReview, plans: Sequence[MatchPlan]) -> ConditionInputs:
+def condition_inputs(inbound: InboundReview, plans: Sequence[MatchPlan]) -> ConditionInputs | None:
     """CEL's variables for one review (MAT-25), ``request`` read from the decoded review itself.
 
-    Built only when some backend has match conditions: most reviews never evaluate CEL.
+    Built only when some backend has match conditions (None otherwise: nothing will read them);
+    most reviews never evaluate CEL.
     """
-    if not any(plan.has_conditions for plan in plans):
-        return ConditionInputs()
-    return ConditionInputs(request=inbound.cel_request())
+    for plan in plans:
+        if plan.has_conditions:
+            return ConditionInputs(request=inbound.cel_request())
+    return None
 
 
 def note_conditions(report: DispatchReport, hook: Webhook, decision: MatchDecision) -> None:

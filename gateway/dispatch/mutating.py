@@ -15,6 +15,7 @@ import msgspec
 import trio
 
 from gateway.admission import AdmissionAttributes, decode_nested, is_null, nesting_allowed
+from gateway.config.backend_policy import BackendMode
 from gateway.config.model import Webhook
 from gateway.config.plan import PlanSet
 from gateway.dispatch import jsonpatch, status
@@ -200,7 +201,13 @@ async def mutate(
                 report.modes.append(ModeRecord(hook.name, hook.configuration, mode, round_, hook.index))
             if mode == "Shadow":  # called apart from the review on the object as it is here
                 _start_shadow(
-                    backends, hook, inbound, ChainObject(chain.attrs), pre_error=pre_error, round_=round_
+                    backends,
+                    hook,
+                    inbound,
+                    ChainObject(chain.attrs),
+                    pre_error=pre_error,
+                    round_=round_,
+                    mode=mode,
                 )
                 continue
             if round_ == 1:
@@ -212,6 +219,7 @@ async def mutate(
                 chain,
                 pre_error=pre_error,
                 round_=round_,
+                mode=mode,
                 report=report,
                 deadline=deadline,
             )
@@ -235,6 +243,7 @@ def _start_shadow(
     *,
     pre_error: CallingWebhookError | None,
     round_: int,
+    mode: BackendMode,
 ) -> None:
     """A Shadow-mode backend: its own copy of the chain so far, its own timeout, never applied."""
 
@@ -247,6 +256,7 @@ def _start_shadow(
             chain,
             pre_error=pre_error,
             round_=round_,
+            mode=mode,
             report=scratch,
             deadline=math.inf,
         )
@@ -262,14 +272,15 @@ async def _invoke(
     *,
     pre_error: CallingWebhookError | None,
     round_: int,
+    mode: BackendMode,
     report: DispatchReport,
     deadline: float,
 ) -> Outcome:
     """MUT-01: dry-run check, call, and what the reply does to the chain (REV-11).
 
-    A backend in a rollout mode (Warn, Shadow) never changes the chain: its patch is only checked.
+    ``mode`` is the backend's rollout mode (``BackendPolicy.mode``, asked once per invocation). A
+    backend in a rollout mode (Warn, Shadow) never changes the chain: its patch is only checked.
     """
-    mode = backends.policy.mode(hook)
     if chain.attrs.dry_run and hook.side_effects in SIDE_EFFECTS_REFUSED_ON_DRY_RUN:  # FPT-09
         return DryRunRefused(Invocation(hook, round=round_, mode=mode), status.dry_run_status(hook.name))
     clock = backends.clock

@@ -28,7 +28,6 @@ reaches ``settle`` and is reduced by ``shadow_result`` for metrics and the log.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol, TypeAlias
@@ -64,10 +63,11 @@ SIDE_EFFECTS_REFUSED_ON_DRY_RUN: Final = ("Unknown", "Some")
 
 
 # --- outcomes: how one backend invocation ended ----------------------------------------------------
+# Frozen msgspec Structs, like matching's decisions: immutable values, and several are built per
+# backend call (a Struct in ~0.1 µs, a frozen dataclass in ~1 µs). Never encoded or decoded.
 
 
-@dataclass(frozen=True, slots=True)
-class Invocation:
+class Invocation(msgspec.Struct, frozen=True):
     """Who was invoked, in which round, and the facts of the call (for records and logs)."""
 
     hook: Webhook
@@ -83,8 +83,7 @@ class Invocation:
         return self.mode == "Enforce"
 
 
-@dataclass(frozen=True, slots=True)
-class Allowed:
+class Allowed(msgspec.Struct, frozen=True):
     """A verified reply that allowed; for mutating backends ``mutated`` says if its patch changed
     the object, and ``patch`` holds the ops applied (for ``auditPatches``). ``withheld``: the ops
     of a patch that would have changed the object but was not applied (a mutating backend in Warn
@@ -97,8 +96,7 @@ class Allowed:
     withheld: list[Any] | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Rejected:
+class Rejected(msgspec.Struct, frozen=True):
     """A verified reply with ``allowed: false`` (ERR-01)."""
 
     at: Invocation
@@ -106,8 +104,7 @@ class Rejected:
     status: Status
 
 
-@dataclass(frozen=True, slots=True)
-class CallFailed:
+class CallFailed(msgspec.Struct, frozen=True):
     """A call error (ERR-02/03/06, MAT-10, REV-05/08/12..14, MUT-04/05): governed by failurePolicy.
 
     ``response`` is set when a verified reply carried an unusable patch: its annotations and
@@ -119,8 +116,7 @@ class CallFailed:
     response: BackendResponse | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class PatchFailed:
+class PatchFailed(msgspec.Struct, frozen=True):
     """MUT-06..10: the backend allowed with a patch the gateway could not apply. Denies (500 inside)."""
 
     at: Invocation
@@ -128,16 +124,14 @@ class PatchFailed:
     status: Status
 
 
-@dataclass(frozen=True, slots=True)
-class DryRunRefused:
+class DryRunRefused(msgspec.Struct, frozen=True):
     """FPT-09: a dry-run review and a backend with side effects: not called, the review is denied."""
 
     at: Invocation
     status: Status
 
 
-@dataclass(frozen=True, slots=True)
-class Panicked:
+class Panicked(msgspec.Struct, frozen=True):
     """A gateway bug while handling one backend; confined to it and governed by failurePolicy (VAL-06).
 
     ``error`` is the text for the deny (ERR-08), ``detail`` the exception's repr for logs.
@@ -148,8 +142,7 @@ class Panicked:
     detail: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class MatchRefused:
+class MatchRefused(msgspec.Struct, frozen=True):
     """A matching error that answers the whole review whatever failurePolicy says (MAT-16/17/23/28)."""
 
     hook: Webhook
@@ -162,8 +155,7 @@ Outcome: TypeAlias = Allowed | Rejected | CallFailed | PatchFailed | DryRunRefus
 # --- failure policy: the one place that turns an outcome into allow / deny / fail open -----------
 
 
-@dataclass(frozen=True, slots=True)
-class Effect:
+class Effect(msgspec.Struct, frozen=True):
     """What an outcome does to the review. ``deny`` is the Status to deny with (None: no deny);
     ``failed_open``: a call error ignored under ``Ignore`` (FPT-03). ``enforced=False`` is the seam
     for rollout modes: recorded, never denying."""
@@ -264,7 +256,7 @@ def in_mode(outcome: Outcome, mode: BackendMode) -> Outcome:
     """The same outcome, marked with the rollout mode it ran in (Warn/Shadow: recorded, never denying)."""
     if isinstance(outcome, MatchRefused) or outcome.at.mode == mode:
         return outcome
-    return dataclasses.replace(outcome, at=dataclasses.replace(outcome.at, mode=mode))
+    return msgspec.structs.replace(outcome, at=msgspec.structs.replace(outcome.at, mode=mode))
 
 
 def not_enforced(outcome: Outcome) -> Outcome:
@@ -417,8 +409,10 @@ def settle(
         report.invocations.append(record)
         response = _response_of(outcome)
         if response is not None:
-            report.dropped += annotations.add_backend(hook.name, response.audit_annotations)
-            report.dropped += warnings.add(response.warnings)
+            if response.audit_annotations:
+                report.dropped += annotations.add_backend(hook.name, response.audit_annotations)
+            if response.warnings:
+                report.dropped += warnings.add(response.warnings)
         if kind == "mutating":
             _mutation_annotations(annotations, outcome, effect, settings)
         elif effect.failed_open:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from gateway.config.backend_policy import BackendMode
 from gateway.config.model import Webhook
-from gateway.dispatch.outcome import Admission, CallFailed, Outcome, Panicked, PatchFailed
+from gateway.dispatch.outcome import UNTRACKED, Admission, CallFailed, Outcome, Panicked, PatchFailed
 from gateway.errors import CallingWebhookError
 from gateway.resilience import BackendGuard, BackendGuards, Pass, Refusal, shed_reason
 
@@ -67,6 +67,8 @@ class GuardedBackends:
             if self._on_refused is not None:
                 self._on_refused(hook.name, passed.reason)
             return CallingWebhookError(passed.message, status_code=503, kind=passed.reason)
+        if passed.breaker is None and passed.bulkhead is None:
+            return UNTRACKED  # no circuit, no bulkhead: how the call ends changes nothing
         return _Guarded(guard, passed)
 
     def mode(self, hook: Webhook) -> BackendMode:

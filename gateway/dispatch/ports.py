@@ -28,7 +28,8 @@ class WebhookCaller(Protocol):
 
     Raises ``gateway.errors.CallingWebhookError`` for transport failures (ERR-06 texts, including
     ``context deadline exceeded`` on expiry) and unusable client configuration (TRN-07). Any HTTP
-    status is returned as a reply; classifying it is dispatch's job (REV-09, ERR-07).
+    status is returned as a reply; classifying it is dispatch's job (REV-09, ERR-07). This bound is
+    the call's only one: dispatch opens no cancel scope of its own around it.
     """
 
     async def call(self, hook: Webhook, body: bytes, *, timeout_seconds: float) -> BackendReply: ...

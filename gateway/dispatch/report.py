@@ -2,13 +2,17 @@
 
 Dispatch fills a ``DispatchReport``; observability turns it into the canonical log line and metric
 updates. Keeping this a value (instead of calling metrics from every branch) keeps the dispatcher's
-control flow readable and lets tests assert on exactly what was recorded.
+control flow readable and lets tests assert on exactly what was recorded. The report and its
+invocation records are (mutable) msgspec Structs, built in a fraction of a dataclass's time: one
+record per backend call. They are never encoded or decoded.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
+
+import msgspec
 
 # How one backend invocation ended (MET-02/03/05/06 derive from it).
 InvocationOutcome = Literal[
@@ -23,8 +27,7 @@ InvocationOutcome = Literal[
 ErrorType = Literal["no_error", "calling_webhook_error", "apiserver_internal_error"]
 
 
-@dataclass(slots=True)
-class InvocationRecord:
+class InvocationRecord(msgspec.Struct):
     """One backend invocation that reached the call stage (MET-02)."""
 
     name: str
@@ -80,22 +83,21 @@ class ModeRecord:
     index: int
 
 
-@dataclass(slots=True)
-class DispatchReport:
+class DispatchReport(msgspec.Struct):
     """Everything observability needs about one review."""
 
     kind: Literal["validating", "mutating"]
     operation: str
-    invocations: list[InvocationRecord] = field(default_factory=list)
-    conditions: list[ConditionRecord] = field(default_factory=list)
+    invocations: list[InvocationRecord] = msgspec.field(default_factory=list)
+    conditions: list[ConditionRecord] = msgspec.field(default_factory=list)
     matched: int = 0
     allowed: bool = True
     denied_by: str = ""  # backend name (or step) that decided a deny
     deny_reason: str = ""
     deadline_exhausted: bool = False
-    reinvoked: list[str] = field(default_factory=list)
-    dropped: list[str] = field(default_factory=list)  # dropped annotations / warnings, for logs
-    modes: list[ModeRecord] = field(default_factory=list)  # backends in Warn or Shadow mode
+    reinvoked: list[str] = msgspec.field(default_factory=list)
+    dropped: list[str] = msgspec.field(default_factory=list)  # dropped annotations / warnings, for logs
+    modes: list[ModeRecord] = msgspec.field(default_factory=list)  # backends in Warn or Shadow mode
 
     @property
     def backend_seconds(self) -> float:

@@ -13,6 +13,7 @@ import structlog
 import trio
 
 from gateway.admission import AdmissionAttributes
+from gateway.config.backend_policy import BackendMode
 from gateway.config.model import Webhook
 from gateway.config.plan import PlanSet
 from gateway.dispatch import status
@@ -58,7 +59,7 @@ async def validate(
 ) -> Verdict:
     """VAL-01..10 for one review whose namespace labels were looked up (``namespace``)."""
     attrs = inbound.attributes
-    selected: list[tuple[Webhook, CallingWebhookError | None]] = []
+    selected: list[tuple[Webhook, CallingWebhookError | None, BackendMode]] = []
     decided = decide_candidates(
         plans,
         attrs,
@@ -68,16 +69,25 @@ async def validate(
     )
     shadows: list[tuple[Webhook, CallingWebhookError | None]] = []
     for plan, decision in decided:
-        note_conditions(report, plan.hook, decision)
+        hook = plan.hook
+        note_conditions(report, hook, decision)
         if isinstance(decision, Refuse):  # VAL-01: the first matching error answers, nobody is called
-            return settle("validating", report, [MatchRefused(plan.hook, decision.error)], settings)
-        if not isinstance(decision, Call | CallFailure):
+            return settle("validating", report, [MatchRefused(hook, decision.error)], settings)
+        if isinstance(decision, Call):
+            pre_error = None
+        elif isinstance(decision, CallFailure):
+            pre_error = decision.error
+        else:
             continue
-        pre_error = decision.error if isinstance(decision, CallFailure) else None
-        mode = backends.policy.mode(plan.hook)
-        if mode != "Enforce":
-            report.modes.append(ModeRecord(plan.hook.name, plan.hook.configuration, mode, 0, plan.hook.index))
-        (shadows if mode == "Shadow" else selected).append((plan.hook, pre_error))
+        mode = backends.policy.mode(hook)
+        if mode == "Enforce":
+            selected.append((hook, pre_error, mode))
+            continue
+        report.modes.append(ModeRecord(hook.name, hook.configuration, mode, 0, hook.index))
+        if mode == "Shadow":
+            shadows.append((hook, pre_error))
+        else:
+            selected.append((hook, pre_error, mode))
     for hook, pre_error in shadows:  # started first: they run apart from the review, never delaying it
         _start_shadow(backends, hook, inbound, attrs, pre_error)
     report.matched = len(selected) + len(shadows)
@@ -88,32 +98,46 @@ async def validate(
     # made (dry run, deadline, shedding, an open circuit, a full bulkhead) settles at once and costs
     # no task. Under overload every call of a shed review ends this way, so it must be cheap.
     outcomes: list[Outcome | None] = [None] * len(selected)
-    pending: list[tuple[int, Webhook, Admission, float]] = []
-    for i, (hook, pre_error) in enumerate(selected):
-        admitted = _admit(backends, hook, attrs, pre_error, position=i, deadline=deadline)
+    pending: list[tuple[int, Webhook, BackendMode, Admission, float]] = []
+    for i, (hook, pre_error, mode) in enumerate(selected):
+        admitted = _admit(backends, hook, attrs, pre_error, mode, position=i, deadline=deadline)
         if isinstance(admitted, tuple):
-            pending.append((i, hook, *admitted))
+            pending.append((i, hook, mode, *admitted))
         else:
             outcomes[i] = admitted
 
-    async def run(i: int, hook: Webhook, admission: Admission, started: float) -> None:
+    if len(pending) == 1:  # nothing to run concurrently: spare the nursery and its task
+        i, hook, mode, admission, started = pending[0]
         outcomes[i] = await _call(
             backends,
             hook,
             inbound,
             attrs,
+            mode=mode,
             admission=admission,
             started=started,
             position=i,
             deadline=deadline,
         )
-
-    if len(pending) == 1:  # nothing to run concurrently: spare the nursery and its task
-        await run(*pending[0])
     elif pending:
+
+        async def run(i: int, hook: Webhook, mode: BackendMode, admission: Admission, started: float) -> None:
+            outcomes[i] = await _call(
+                backends,
+                hook,
+                inbound,
+                attrs,
+                mode=mode,
+                admission=admission,
+                started=started,
+                position=i,
+                deadline=deadline,
+            )
+
         async with trio.open_nursery() as nursery:
-            for call in pending:
+            for call in pending[1:]:
                 nursery.start_soon(run, *call)
+            await run(*pending[0])  # this task makes one of the calls: one task fewer to start
 
     settled = [o for o in outcomes if o is not None]  # every task stored its outcome or the nursery raised
     report.deadline_exhausted = trio.current_time() >= deadline and any(
@@ -148,7 +172,8 @@ async def _invoke(
     deadline: float,
 ) -> Outcome:
     """One validating backend → its outcome (VAL-05/06, FPT-09)."""
-    admitted = _admit(backends, hook, attrs, pre_error, position=position, deadline=deadline)
+    mode = backends.policy.mode(hook)
+    admitted = _admit(backends, hook, attrs, pre_error, mode, position=position, deadline=deadline)
     if not isinstance(admitted, tuple):
         return admitted
     admission, started = admitted
@@ -157,6 +182,7 @@ async def _invoke(
         hook,
         inbound,
         attrs,
+        mode=mode,
         admission=admission,
         started=started,
         position=position,
@@ -169,16 +195,19 @@ def _admit(
     hook: Webhook,
     attrs: AdmissionAttributes,
     pre_error: CallingWebhookError | None,
+    mode: BackendMode,
     *,
     position: int,
     deadline: float,
 ) -> Outcome | tuple[Admission, float]:
-    """The outcome of a call that is not made, or the admission (and start time) of one that is."""
+    """The outcome of a call that is not made, or the admission (and start time) of one that is.
+
+    ``mode`` is the backend's rollout mode (``BackendPolicy.mode``), asked once per invocation.
+    """
     if attrs.dry_run and hook.side_effects in SIDE_EFFECTS_REFUSED_ON_DRY_RUN:
-        return DryRunRefused(Invocation(hook, position=position), status.dry_run_status(hook.name))
+        return DryRunRefused(Invocation(hook, position=position, mode=mode), status.dry_run_status(hook.name))
     clock = backends.clock
     started = clock()
-    mode = backends.policy.mode(hook)
     try:
         error = pre_error
         if error is None and trio.current_time() >= deadline:  # VAL-10
@@ -203,6 +232,7 @@ async def _call(
     inbound: InboundReview,
     attrs: AdmissionAttributes,
     *,
+    mode: BackendMode,
     admission: Admission,
     started: float,
     position: int,
@@ -210,7 +240,6 @@ async def _call(
 ) -> Outcome:
     """Make one admitted call; its outcome is told to ``admission`` exactly once (VAL-05/06)."""
     clock = backends.clock
-    mode = backends.policy.mode(hook)
     try:
         try:
             called = await call_backend(

@@ -34,6 +34,9 @@ _reply_decoder: Final = msgspec.json.Decoder(BackendReply | None)
 _encoder: Final = msgspec.json.Encoder()
 _EMPTY_REPLY: Final = BackendReply()
 _SPOKEN: Final[dict[str, ReviewVersion]] = {"v1": "v1", "v1beta1": "v1beta1"}
+_API_VERSIONS: Final[dict[ReviewVersion, str]] = {
+    version: api_version(version) for version in _SPOKEN.values()
+}
 
 
 # --- negotiation ---------------------------------------------------------------------------------
@@ -184,7 +187,7 @@ def decode_backend_response(
 
     # upstream: the JSON serializer fills a missing apiVersion/kind from the type it decodes into, so
     # only a declared *other* type fails here, while decoding (REV-12, REV-14).
-    expected = api_version(version)
+    expected = _API_VERSIONS[version]
     declared_version = reply.api_version or expected
     declared_kind = reply.kind or KIND
     if declared_kind != KIND or declared_version != expected:

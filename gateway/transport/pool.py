@@ -81,6 +81,12 @@ class ClientPool:
         self._h2c = h2c_prior_knowledge
         self._connect_override = dict(connect_override or {})
         self._user_agent = user_agent.encode()
+        # TRN-05: sent with every call, after the request line or pseudo-headers.
+        self._fixed_headers: tuple[Header, ...] = (
+            (b"content-type", b"application/json"),
+            (b"accept", b"application/json, */*"),
+            (b"user-agent", self._user_agent),
+        )
         self._origins: dict[Origin, _OriginConnections] = {}
         self._exit_stack = AsyncExitStack()
         self._nursery: trio.Nursery | None = None
@@ -138,52 +144,49 @@ class ClientPool:
         if timeout_seconds <= 0:
             raise TransportTimeout()
         with trio.move_on_after(timeout_seconds):
-            return await self._post(target, body, headers, timeout_seconds)
-        raise TransportTimeout()
-
-    async def _post(
-        self, target: Target, body: bytes, extra: Sequence[Header], timeout_seconds: float
-    ) -> HTTPResponse:
-        if self._closed or self._nursery is None:
-            raise TransportError("client pool is closed")
-        group = self._origins.get(target.origin)
-        if group is None:
-            group = self._origins[target.origin] = _OriginConnections(target.origin)
-        request_target = target.request_target(timeout_seconds).encode()
-        common: list[Header] = [
-            (b"content-type", b"application/json"),
-            (b"accept", b"application/json, */*"),
-            (b"user-agent", self._user_agent),
-            (b"content-length", str(len(body)).encode()),
-            *target.auth_headers,
-            *((name.lower(), value) for name, value in extra),
-        ]
-        # At most one resend, and only of a request the backend provably never processed.
-        for attempt in range(2):
-            connection = await self._acquire(group, target)
-            try:
-                if isinstance(connection, HTTP2Connection):
-                    pseudo: list[Header] = [
-                        (b":method", b"POST"),
-                        (b":scheme", target.scheme.encode()),
-                        (b":authority", target.authority.encode()),
-                        (b":path", request_target),
-                    ]
+            if self._closed or self._nursery is None:
+                raise TransportError("client pool is closed")
+            group = self._origins.get(target.origin)
+            if group is None:
+                group = self._origins[target.origin] = _OriginConnections(target.origin)
+            path = target.wire_request_target(timeout_seconds)
+            common: list[Header] = [
+                *self._fixed_headers,
+                (b"content-length", b"%d" % len(body)),
+                *target.auth_headers,
+            ]
+            for name, value in headers:
+                common.append((name.lower(), value))
+            # At most one resend, and only of a request the backend provably never processed.
+            for attempt in range(2):
+                # A free HTTP/2 stream slot is taken without a schedule point. Only for the first
+                # attempt: nothing awaited since the group was looked up, so it is still registered.
+                connection: Connection | None = None if attempt else _free_h2_stream(group)
+                if connection is None:
+                    connection = await self._acquire(group, target)
+                try:
+                    if isinstance(connection, HTTP2Connection):
+                        return await connection.request(
+                            [*target.pseudo_headers(), (b":path", path), *common],
+                            body,
+                            max_response_bytes=self._max_response_bytes,
+                        )
                     return await connection.request(
-                        pseudo + common, body, max_response_bytes=self._max_response_bytes
+                        path,
+                        [target.host_header(), *common],
+                        body,
+                        max_response_bytes=self._max_response_bytes,
                     )
-                return await connection.request(
-                    request_target,
-                    [(b"host", target.authority.encode()), *common],
-                    body,
-                    max_response_bytes=self._max_response_bytes,
-                )
-            except RetryableError as exc:
-                if attempt:
-                    raise TransportError(exc.cause, exc.kind) from exc
-            finally:
-                await self._release(group, connection)
-        raise AssertionError("unreachable")
+                except RetryableError as exc:
+                    if attempt:
+                        raise TransportError(exc.cause, exc.kind) from exc
+                finally:
+                    if isinstance(connection, HTTP2Connection):
+                        self._release_stream(group, connection)
+                    else:
+                        await self._release_connection(group, connection)
+            raise AssertionError("unreachable")
+        raise TransportTimeout()
 
     async def _acquire(self, group: _OriginConnections, target: Target) -> Connection:
         may_speak_h2 = target.http2_allowed and (target.scheme == "https" or self._h2c)
@@ -265,20 +268,23 @@ class ClientPool:
             raise
         return tls, tls.selected_alpn_protocol()
 
-    async def _release(self, group: _OriginConnections, connection: Connection) -> None:
-        if isinstance(connection, HTTP2Connection):
-            connection.reserved -= 1
-            if connection.reserved == 0:
-                connection.idle_since = trio.current_time()
-                if connection.goaway:
-                    connection.close_gracefully()
+    def _release_stream(self, group: _OriginConnections, connection: HTTP2Connection) -> None:
+        connection.reserved -= 1
+        if connection.reserved == 0:
+            connection.idle_since = trio.current_time()
+            if connection.goaway:
+                connection.close_gracefully()
+        if group.lot:
+            group.lot.unpark_all()
+
+    async def _release_connection(self, group: _OriginConnections, connection: HTTP11Connection) -> None:
+        del group.busy[connection]
+        if connection.state == "IDLE" and not self._closed:
+            group.idle.append(connection)
         else:
-            del group.busy[connection]
-            if connection.state == "IDLE" and not self._closed:
-                group.idle.append(connection)
-            else:
-                await _close(connection)
-        group.lot.unpark_all()
+            await _close(connection)
+        if group.lot:
+            group.lot.unpark_all()
 
     async def retire_idle_connections(self) -> None:
         """Close connections idle for longer than the idle timeout; forget empty origins."""
@@ -302,6 +308,15 @@ class ClientPool:
             while True:
                 await trio.sleep(max(self._idle_timeout / 2, 0.05))
                 await self.retire_idle_connections()
+
+
+def _free_h2_stream(group: _OriginConnections) -> HTTP2Connection | None:
+    """A stream slot on one of the group's HTTP/2 connections, reserved; None if none is free."""
+    for connection in group.h2:
+        if connection.can_open_stream():
+            connection.reserved += 1
+            return connection
+    return None
 
 
 async def _close(connection: HTTP11Connection) -> None:

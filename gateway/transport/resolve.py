@@ -25,6 +25,8 @@ from gateway.transport.tls import ClientCertificate, client_ssl_context, tls_ide
 
 Scheme = Literal["http", "https"]
 
+_WIRE_TARGETS_KEPT = 64  # encoded request targets remembered per target (webhook timeouts are ≤ 30 s)
+
 
 @dataclass(frozen=True, slots=True)
 class Origin:
@@ -54,10 +56,41 @@ class Target:
     http2_allowed: bool
     ssl_context: ssl.SSLContext | None = field(default=None, compare=False, repr=False)
     auth_headers: tuple[Header, ...] = field(default=(), compare=False, repr=False)
+    # The wire form of what every call to this target sends, encoded on first use and kept.
+    _pseudo: tuple[Header, ...] | None = field(default=None, init=False, compare=False, repr=False)
+    _host: Header | None = field(default=None, init=False, compare=False, repr=False)
+    _wire_targets: dict[int, bytes] = field(default_factory=dict, init=False, compare=False, repr=False)
+
+    def pseudo_headers(self) -> tuple[Header, ...]:
+        """HTTP/2 ``:method``, ``:scheme`` and ``:authority`` (``:path`` varies with the timeout)."""
+        pseudo = self._pseudo
+        if pseudo is None:
+            authority = self.authority.encode()
+            pseudo = ((b":method", b"POST"), (b":scheme", self.scheme.encode()), (b":authority", authority))
+            object.__setattr__(self, "_pseudo", pseudo)
+        return pseudo
+
+    def host_header(self) -> Header:
+        """HTTP/1.1 ``Host``."""
+        host = self._host
+        if host is None:
+            host = (b"host", self.authority.encode())
+            object.__setattr__(self, "_host", host)
+        return host
 
     def request_target(self, timeout_seconds: float) -> str:
         """Path and query sent on the wire: ``<path>?timeout=<d>`` (FPT-06, TRN-04)."""
         return f"{self.path}?timeout={go_duration(timeout_ceiling(timeout_seconds))}"
+
+    def wire_request_target(self, timeout_seconds: float) -> bytes:
+        """``request_target`` encoded, remembered per whole second (a few dozen values at most)."""
+        seconds = timeout_ceiling(timeout_seconds)
+        found = self._wire_targets.get(seconds)
+        if found is None:
+            found = f"{self.path}?timeout={go_duration(seconds)}".encode()
+            if len(self._wire_targets) < _WIRE_TARGETS_KEPT:
+                self._wire_targets[seconds] = found
+        return found
 
     def url_for(self, timeout_seconds: float) -> str:
         """The full URL of a call with this much time left, as printed in errors (ERR-06)."""
