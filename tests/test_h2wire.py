@@ -752,6 +752,17 @@ def _connected(**server_settings: int) -> h2wire.ClientConnection:
     return connection
 
 
+def test_stream_ids_run_up_to_2_31_minus_1_and_then_none_is_available() -> None:
+    connection = _connected()
+    connection.last_stream_id = 2**31 - 3  # as after ~1 billion calls
+    last = h2wire.Stream(100)
+    connection.open_stream(last, [(b":method", b"POST")], end_stream=True)
+    assert last.stream_id == 2**31 - 1
+    assert _parse(connection.data_to_send())[0].stream_id == 2**31 - 1
+    with pytest.raises(h2wire.NoStreamAvailableError):
+        connection.open_stream(h2wire.Stream(100), [(b":method", b"POST")], end_stream=True)
+
+
 header_names = st.binary(min_size=1, max_size=40).map(lambda b: bytes(c % 26 + 97 for c in b))
 header_values = st.binary(max_size=300).map(lambda b: bytes(c % 94 + 32 for c in b))
 header_lists = st.lists(st.tuples(header_names, header_values), max_size=30)

@@ -274,7 +274,11 @@ class HTTP2Connection:
                 continue
             self._flush()
             self._window_waiters.append(call)
-            await _park(call)
+            try:
+                await _park(call)
+            finally:
+                if call in self._window_waiters:  # cancelled while waiting: not woken, still listed
+                    self._window_waiters.remove(call)
 
 
 def _cause_and_kind(error: TransportError) -> tuple[str, TransportErrorKind]:
