@@ -1,127 +1,60 @@
-"""One HTTP/2 connection to a backend: drives an ``h2.H2Connection`` with many calls multiplexed.
+"""One HTTP/2 connection to a backend: many calls multiplexed over ``h2wire.ClientConnection``.
 
-Calls only change the h2 state machine (synchronously) and wait; the socket belongs to two tasks
-that live in the pool's nursery: a reader (frames in → events → per-stream state) and a writer
-(drains h2's output). So a cancelled call can never leave a half-written frame on the wire: it
-just queues RST_STREAM(CANCEL) (trio: cancellation at any checkpoint; h2: sans-IO).
+Calls only change the framer's state (synchronously: whole frames into its output) and wait; the
+socket belongs to two tasks that live in the pool's nursery: a reader (bytes in → framer → calls
+woken) and a writer (drains the framer's output). So a cancelled call can never leave a
+half-written frame on the wire: it just queues RST_STREAM(CANCEL) (trio: cancellation at any
+checkpoint; the framer: sans-IO).
+
+Waiting is done with trio's low-level park/reschedule on the call's own task rather than an Event
+per call (the call is parked for its reply, or for a send window): one task, one reason at a time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
-import h2.config
-import h2.connection
-import h2.errors
-import h2.events
-import h2.exceptions
-import h2.settings
-import hpack
 import trio
 
-from gateway.errors import ResponseTooLarge, TransportError, TransportErrorKind
+from gateway.errors import TransportError, TransportErrorKind
+from gateway.transport import h2wire
+from gateway.transport.h2wire import LiteralEncoder as _LiteralEncoder  # noqa: F401 - tests know this name
 from gateway.transport.wire import Header, HTTPResponse, RetryableError
-from gateway.wire import H2_CLOSED_STREAMS_REMEMBERED
 from gateway.wire.errors import socket_peer, stream_error
 
 RECEIVE_BYTES = 65536
 STREAM_WINDOW = 4 * 1024 * 1024  # what each call may receive before we acknowledge it
 CONNECTION_WINDOW = 16 * 1024 * 1024
-_MAX_STREAM_ID = 2**31 - 1
-# Kept out of the HPACK dynamic table: credentials (as h2's own normalisation would), and the
-# per-call traceparent, which is never repeated and would only evict the headers that are.
-_NEVER_INDEXED = frozenset({b"authorization", b"proxy-authorization", b"traceparent"})
+PROTOCOL_ERROR_GRACE_SECONDS = 1.0  # to write GOAWAY(code) after a peer's protocol error
+_MAX_STREAM_ID = h2wire.MAX_STREAM_ID
 
 
-class _LiteralEncoder(hpack.Encoder):
-    """HPACK as plain literals: no Huffman coding, no dynamic table, each field's bytes memoised.
+class _Call(h2wire.Stream):
+    """One call's stream, and the task parked on it (if any)."""
 
-    Pure-Python HPACK (table search, Huffman coding) cost ~25 µs per call; HTTP/2 is only spoken to
-    loopback backends (TRN-08), where the few bytes indexing saves do not matter. Every field is a
-    "literal without indexing" (RFC 7541 §6.2.2; credentials "never indexed", §6.2.3), so the
-    encoding of a field does not depend on earlier blocks and most fields of a call (method, path,
-    authority, content type) are the same bytes every time: they are kept per connection, bounded.
-    Decoders accept this form like any other.
-    """
-
-    MEMO_FIELDS = 256
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._memo: dict[tuple[bytes, bytes], bytes] = {}
-
-    def encode(self, headers: Any, huffman: bool = True) -> bytes:
-        if self.table_size_changes:  # a peer's new HEADER_TABLE_SIZE: hpack signals it (rare)
-            return super().encode(headers, huffman=False)
-        memo = self._memo
-        block = []
-        for header in headers:
-            name, value = header[0], header[1]
-            if isinstance(header, hpack.HeaderTuple) and not header.indexable:
-                block.append(_literal(0x10, name, value))  # never indexed, never memoised
-                continue
-            field = memo.get((name, value))
-            if field is None:
-                field = _literal(0x00, name, value)
-                if len(memo) < self.MEMO_FIELDS:
-                    memo[name, value] = field
-            block.append(field)
-        return b"".join(block)
-
-
-def _literal(first: int, name: bytes, value: bytes) -> bytes:
-    """One literal header field with a new name (RFC 7541 §6.2.2/§6.2.3), no Huffman coding."""
-    return b"".join((bytes((first,)), _length(len(name)), name, _length(len(value)), value))
-
-
-def _length(n: int) -> bytes:
-    """A string length: an HPACK integer with a 7-bit prefix and the Huffman bit clear (§5.1)."""
-    if n < 0x7F:
-        return bytes((n,))
-    out = bytearray((0x7F,))
-    n -= 0x7F
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _outbound(headers: Sequence[Header]) -> list[Any]:
-    """The header list for h2, normalised here once instead of by h2's generic per-call pass.
-
-    Names are already lower-case (the pool builds them); what h2's normalisation would still do is
-    strip credential values and keep them out of compression contexts.
-    """
-    return [
-        hpack.NeverIndexedHeaderTuple(name, value.strip()) if name in _NEVER_INDEXED else (name, value)
-        for name, value in headers
-    ]
-
-
-class _Stream:
-    """The receiving side of one call, filled by the reader task."""
-
-    __slots__ = ("body", "done", "error", "headers", "limit", "local_closed", "status")
+    __slots__ = ("task",)
 
     def __init__(self, limit: int) -> None:
-        self.status = 0
-        self.headers: list[Header] = []
-        self.body = bytearray()
-        self.done = trio.Event()
-        self.error: TransportError | None = None
-        self.limit = limit
-        self.local_closed = False
-
-    def fail(self, error: TransportError) -> None:
-        if not self.done.is_set():
-            self.error = error
-            self.done.set()
+        super().__init__(limit)
+        self.task: trio.lowlevel.Task | None = None
 
 
-class _BackendH2(h2.connection.H2Connection):
-    MAX_CLOSED_STREAMS = H2_CLOSED_STREAMS_REMEMBERED  # not h2's 2**16 (see gateway.wire)
+def _wake(call: _Call) -> None:
+    task = call.task
+    if task is not None:
+        call.task = None
+        trio.lowlevel.reschedule(task)
+
+
+async def _park(call: _Call) -> None:
+    """Sleep until ``_wake(call)``; cancellable (the abort just forgets the task)."""
+    call.task = trio.lowlevel.current_task()
+
+    def abort(_: object) -> trio.lowlevel.Abort:
+        call.task = None
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    await trio.lowlevel.wait_task_rescheduled(abort)
 
 
 class HTTP2Connection:
@@ -131,28 +64,9 @@ class HTTP2Connection:
         self._stream = stream
         self._peer = socket_peer(stream)
         self._on_change = on_change
-        # Headers are normalised by ``_outbound`` (h2 still validates them): ~20 µs less per call.
-        config = h2.config.H2Configuration(
-            client_side=True, header_encoding=None, normalize_outbound_headers=False
-        )
-        self._h2 = _BackendH2(config=config)
-        self._h2.encoder = _LiteralEncoder()
-        self._h2.local_settings = h2.settings.Settings(
-            client=True,
-            initial_values={
-                h2.settings.SettingCodes.ENABLE_PUSH: 0,
-                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
-                h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 100,
-                h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: 65536,
-            },
-        )
-        _keep_open_after_goaway(self._h2)
-        self._h2.initiate_connection()
-        self._h2.increment_flow_control_window(CONNECTION_WINDOW - 65535)
-        self._streams: dict[int, _Stream] = {}
-        self._outbox = bytearray(self._h2.data_to_send())
-        self._writer_wakeup = trio.Event()
-        self._window_changed = trio.Event()
+        self._core = h2wire.ClientConnection(stream_window=STREAM_WINDOW, connection_window=CONNECTION_WINDOW)
+        self._writer: trio.lowlevel.Task | None = None  # the writer task while it waits for output
+        self._window_waiters: list[_Call] = []
         self._ready = trio.Event()
         self._scope = trio.CancelScope()
         self._closing = False
@@ -179,7 +93,7 @@ class HTTP2Connection:
     @property
     def max_streams(self) -> int:
         """The peer's MAX_CONCURRENT_STREAMS (its SETTINGS arrive before the connection is used)."""
-        return int(self._h2.remote_settings.max_concurrent_streams)
+        return self._core.peer_max_concurrent_streams
 
     @property
     def ready(self) -> bool:
@@ -192,7 +106,7 @@ class HTTP2Connection:
             self._ready.is_set()
             and not (self.closed or self.goaway or self._closing)
             and self.reserved < self.max_streams
-            and self._h2.highest_outbound_stream_id + 2 * (self.reserved + 1) < _MAX_STREAM_ID
+            and self._core.last_stream_id + 2 * (self.reserved + 1) <= _MAX_STREAM_ID
         )
 
     async def wait_ready(self) -> None:
@@ -205,7 +119,7 @@ class HTTP2Connection:
         """Send GOAWAY, then close once it is written; calls in flight fail."""
         if not self.closed and not self._closing:
             self._closing = True
-            self._h2.close_connection()
+            self._core.close()
             self._flush()
 
     def abort(self) -> None:
@@ -223,13 +137,17 @@ class HTTP2Connection:
                     nursery.start_soon(self._write_loop, nursery.cancel_scope)
                     task_status.started()
                     await self._read_loop()
-                    nursery.cancel_scope.cancel()
+                    if self._closing:  # a protocol error: let the writer send our GOAWAY first
+                        nursery.cancel_scope.deadline = trio.current_time() + PROTOCOL_ERROR_GRACE_SECONDS
+                    else:
+                        nursery.cancel_scope.cancel()
         finally:
             self._fail(self._failure or "http2: client connection lost")
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(self._stream)
 
     async def _read_loop(self) -> None:
+        core = self._core
         while True:
             try:
                 data = await self._stream.receive_some(RECEIVE_BYTES)
@@ -240,35 +158,49 @@ class HTTP2Connection:
                 self._fail("unexpected EOF")
                 return
             try:
-                events = self._h2.receive_data(data)
-            except h2.exceptions.ProtocolError as exc:
+                events = core.receive(bytes(data) if type(data) is not bytes else data)
+            except h2wire.ProtocolError as exc:
                 self._fail(f"http2: peer protocol error: {exc}")
+                self._closing = True  # the framer queued GOAWAY with the error's code
+                self._flush()
                 return
             for event in events:
-                self._handle(event)
+                if isinstance(event, _Call):
+                    _wake(event)
+                elif event is h2wire.WINDOW_OPENED:
+                    self._wake_window_waiters()
+                elif event is h2wire.SETTINGS_CHANGED:
+                    self._ready.set()
+                    self._on_change()
+                elif isinstance(event, h2wire.GoAway):
+                    self._on_goaway()
             self._flush()
 
     async def _write_loop(self, scope: trio.CancelScope) -> None:
+        core = self._core
         try:
             while True:
-                if self._outbox:
-                    data = bytes(self._outbox)
-                    self._outbox.clear()
-                    await self._stream.send_all(data)
+                if core.output:
+                    await self._stream.send_all(core.data_to_send())
                     continue
                 if self._closing:
                     break
-                self._writer_wakeup = trio.Event()
-                await self._writer_wakeup.wait()
+                self._writer = trio.lowlevel.current_task()
+                await trio.lowlevel.wait_task_rescheduled(self._forget_writer)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             self._fail(*_cause_and_kind(stream_error(exc, "write", self._peer)))
         scope.cancel()
 
+    def _forget_writer(self, _: object) -> trio.lowlevel.Abort:
+        self._writer = None
+        return trio.lowlevel.Abort.SUCCEEDED
+
     def _flush(self) -> None:
-        data = self._h2.data_to_send()
-        if data:
-            self._outbox += data
-            self._writer_wakeup.set()
+        """Wake the writer if it waits and there is output (or it should stop)."""
+        writer = self._writer
+        if writer is not None and (self._core.output or self._closing):
+            self._writer = None
+            trio.lowlevel.reschedule(writer)
 
     def _fail(self, cause: str, kind: TransportErrorKind = "transport") -> None:
         if self.closed:
@@ -276,73 +208,24 @@ class HTTP2Connection:
         self.closed = True
         self._failure = cause
         self._failure_kind = kind
-        for stream in self._streams.values():
-            stream.fail(TransportError(cause, kind))
+        for call in self._core.streams.values():
+            if isinstance(call, _Call) and call.fail(TransportError(cause, kind)):
+                _wake(call)
         self._ready.set()
-        self._pulse_window()
+        self._wake_window_waiters()
         self._on_change()
 
-    def _pulse_window(self) -> None:
-        self._window_changed.set()
-        self._window_changed = trio.Event()
+    def _wake_window_waiters(self) -> None:
+        waiters, self._window_waiters = self._window_waiters, []
+        for call in waiters:
+            _wake(call)
 
-    def _handle(self, event: h2.events.Event) -> None:
-        if isinstance(event, h2.events.DataReceived):
-            # Always acknowledge, even for streams we gave up on, or the connection window shrinks.
-            self._h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-            stream = self._streams.get(event.stream_id)
-            if stream is not None and not stream.done.is_set():
-                stream.body += event.data
-                if len(stream.body) > stream.limit:
-                    self._reset(event.stream_id)
-                    stream.fail(ResponseTooLarge(stream.limit))
-        elif isinstance(event, h2.events.ResponseReceived):
-            stream = self._streams.get(event.stream_id)
-            if stream is not None:
-                for name, value in event.headers:
-                    if name == b":status":
-                        stream.status = int(value)
-                    elif not name.startswith(b":"):
-                        stream.headers.append((name, value))
-        elif isinstance(event, h2.events.StreamEnded):
-            stream = self._streams.get(event.stream_id)
-            if stream is not None:
-                stream.done.set()
-                self._pulse_window()
-        elif isinstance(event, h2.events.StreamReset):
-            stream = self._streams.get(event.stream_id)
-            if stream is not None:
-                stream.local_closed = True
-                code = _error_name(event.error_code)
-                error_class = RetryableError if code == "REFUSED_STREAM" else TransportError
-                stream.fail(
-                    error_class(f"stream error: stream ID {event.stream_id}; {code}; received from peer")
-                )
-                self._pulse_window()
-        elif isinstance(event, h2.events.ConnectionTerminated):
-            self._on_goaway(event)
-        elif isinstance(event, (h2.events.WindowUpdated, h2.events.RemoteSettingsChanged)):
-            self._pulse_window()
-            if isinstance(event, h2.events.RemoteSettingsChanged):
-                self._ready.set()
-                self._on_change()
-
-    def _on_goaway(self, event: h2.events.ConnectionTerminated) -> None:
-        # Streams above last_stream_id were never processed: they may be resent elsewhere.
+    def _on_goaway(self) -> None:
+        # The framer already failed the streams above last_stream_id (RetryableError: they were
+        # never processed and may be resent elsewhere); those at or below it keep receiving.
         self.goaway = True
-        last = event.last_stream_id if event.last_stream_id is not None else 0
-        code = _error_name(event.error_code)
-        for stream_id, stream in self._streams.items():
-            if stream_id > last:
-                stream.fail(
-                    RetryableError(
-                        "http2: server sent GOAWAY and closed the connection;"
-                        f" LastStreamID={last}, ErrCode={code}"
-                    )
-                )
         self._ready.set()
-        self._pulse_window()
-        if not self._streams:
+        if not self._core.streams:
             self.close_gracefully()
         self._on_change()
 
@@ -358,70 +241,44 @@ class HTTP2Connection:
         """
         if self.closed or self.goaway or self._closing:
             raise RetryableError(self._failure or "http2: client connection lost")
+        core = self._core
+        call = _Call(max_response_bytes)
         try:
-            stream_id = self._h2.get_next_available_stream_id()
-            self._h2.send_headers(stream_id, _outbound(headers), end_stream=not body)
-        except (h2.exceptions.NoAvailableStreamIDError, h2.exceptions.TooManyStreamsError) as exc:
+            core.open_stream(call, headers, end_stream=not body)
+        except h2wire.NoStreamAvailableError as exc:
             raise RetryableError("http2: no stream available on this connection") from exc
-        stream = _Stream(max_response_bytes)
-        stream.local_closed = not body
-        self._streams[stream_id] = stream
         self.requests += 1
         try:
-            self._flush()
             if body:
-                await self._send_body(stream_id, stream, body)
-            await stream.done.wait()
-        finally:
-            del self._streams[stream_id]
-            if not stream.done.is_set() or not stream.local_closed:
-                self._reset(stream_id)
-        if stream.error is not None:
-            raise stream.error
-        return HTTPResponse(stream.status, stream.headers, bytes(stream.body), "HTTP/2")
-
-    async def _send_body(self, stream_id: int, stream: _Stream, body: bytes) -> None:
-        view = memoryview(body)
-        offset = 0
-        while offset < len(body):
-            if stream.done.is_set():
-                return  # answered or failed early: stop sending
-            window = min(self._h2.local_flow_control_window(stream_id), self._h2.max_outbound_frame_size)
-            if window <= 0:
-                await self._window_changed.wait()
-                continue
-            chunk = view[offset : offset + window]
-            offset += len(chunk)
-            self._h2.send_data(stream_id, bytes(chunk), end_stream=offset == len(body))
+                # Queued before the writer is woken: HEADERS and (usually) the whole body go out
+                # in one write.
+                await self._send_body(call, body)
             self._flush()
-        stream.local_closed = True
+            while not call.done:
+                await _park(call)
+        finally:
+            if not self.closed:
+                core.reset(call)  # only if still open: cancelled, or answered before the body was sent
+                self._flush()
+        if call.error is not None:
+            raise call.error
+        return HTTPResponse(call.status, call.headers, call.response_body(), "HTTP/2")
 
-    def _reset(self, stream_id: int) -> None:
-        if self.closed:
-            return
-        try:
-            self._h2.reset_stream(stream_id, error_code=h2.errors.ErrorCodes.CANCEL)
-        except h2.exceptions.ProtocolError:
-            return  # already closed on both sides
-        self._flush()
-
-
-def _keep_open_after_goaway(connection: h2.connection.H2Connection) -> None:
-    # h2 moves its connection state machine to CLOSED on GOAWAY and then refuses the replies to
-    # streams the server promised to finish (RFC 9113 §6.8; python-hyper/h2 issue #1181). Keep this
-    # connection's machine open on a received GOAWAY: we stop opening streams ourselves.
-    machine = connection.state_machine
-    transitions = dict(machine._transitions)
-    open_state = h2.connection.ConnectionState.CLIENT_OPEN
-    transitions[(open_state, h2.connection.ConnectionInputs.RECV_GOAWAY)] = (None, open_state)
-    machine._transitions = transitions
-
-
-def _error_name(code: int | h2.errors.ErrorCodes | None) -> str:
-    try:
-        return h2.errors.ErrorCodes(int(code or 0)).name
-    except ValueError:
-        return f"unknown error code 0x{int(code or 0):x}"
+    async def _send_body(self, call: _Call, body: bytes) -> None:
+        core = self._core
+        view = memoryview(body)
+        offset = core.send_data(call, view, end_stream=True)
+        while offset < len(body) and not call.done:  # answered or failed early: stop sending
+            if core.send_window_for(call) > 0:
+                offset += core.send_data(call, view[offset:], end_stream=True)
+                continue
+            self._flush()
+            self._window_waiters.append(call)
+            try:
+                await _park(call)
+            finally:
+                if call in self._window_waiters:  # cancelled while waiting: not woken, still listed
+                    self._window_waiters.remove(call)
 
 
 def _cause_and_kind(error: TransportError) -> tuple[str, TransportErrorKind]:
