@@ -861,3 +861,21 @@ def test_replies_parse_the_same_however_the_bytes_are_split(
         assert (stream.done, stream.error, stream.status) == (True, None, 200)
         assert stream.headers == headers and stream.response_body() == body
     assert connection.streams == {}
+
+
+def test_a_peer_sending_pings_while_never_reading_is_a_connection_error_past_the_bound() -> None:
+    connection = _connected()
+    ping = frame(PING, 0, 0, b"12345678")
+    for _ in range(h2wire.MAX_PENDING_FRAMES):  # acknowledged, up to the bound, though never written
+        connection.receive(ping)
+    with pytest.raises(h2wire.ProtocolError, match="does not read") as caught:
+        connection.receive(ping)
+    assert caught.value.code == h2wire.ErrorCode.ENHANCE_YOUR_CALM
+
+
+def test_a_peer_sending_as_many_pings_and_reading_the_acks_is_answered_every_time() -> None:
+    connection = _connected()
+    ping = frame(PING, 0, 0, b"12345678")
+    for _ in range(h2wire.MAX_PENDING_FRAMES + 10):
+        connection.receive(ping)
+        assert connection.data_to_send().endswith(b"12345678")

@@ -74,6 +74,10 @@ _GOAWAY_BODY = struct.Struct(">LL")
 SETTINGS_ACK: Final = _HEAD.pack(0, 0, SETTINGS, ACK, 0)
 
 
+# Frames queued and not yet written past which a peer's PING/SETTINGS is refused (``_queue_ack``).
+MAX_PENDING_FRAMES: Final = 10_000
+
+
 class ErrorCode(enum.IntEnum):
     """HTTP/2 error codes (RFC 9113 §7); the names appear in error messages."""
 
@@ -258,6 +262,22 @@ class ClientConnection:
 
     # --- sending ------------------------------------------------------------------------------
 
+    def _queue_ack(self, frame: bytes) -> None:
+        """Queue a PING or SETTINGS acknowledgement, unless the peer is not reading what we send.
+
+        A backend that keeps sending PING or SETTINGS while never reading its socket would make
+        the unwritten acknowledgements grow without end. The writer drains ``output`` whenever the
+        socket takes bytes, and the gateway's own calls queue a few frames each, so thousands of
+        pending frames mean the peer stopped reading: that is a connection error.
+        """
+        if len(self.output) >= MAX_PENDING_FRAMES:
+            raise ProtocolError(
+                ErrorCode.ENHANCE_YOUR_CALM,
+                f"more than {MAX_PENDING_FRAMES} frames unwritten: the peer sends PING or SETTINGS"
+                " and does not read",
+            )
+        self.output.append(frame)
+
     def data_to_send(self) -> bytes:
         """All queued frames as one write (the body's memoryview is copied once, here)."""
         output = self.output
@@ -410,7 +430,7 @@ class ClientConnection:
                 if length != 8:
                     raise ProtocolError(ErrorCode.FRAME_SIZE_ERROR, "PING payload is not 8 bytes")
                 if not flags & ACK:
-                    self.output.append(frame_head(8, PING, ACK, 0) + data[start:offset])
+                    self._queue_ack(frame_head(8, PING, ACK, 0) + data[start:offset])
             elif kind == GOAWAY:
                 self._on_goaway(stream_id, data, start, length)
             elif kind == CONTINUATION:
@@ -656,7 +676,7 @@ class ClientConnection:
                     raise ProtocolError(ErrorCode.PROTOCOL_ERROR, "SETTINGS_MAX_FRAME_SIZE out of range")
                 self.peer_max_frame_size = value
             # MAX_HEADER_LIST_SIZE is advisory; unknown settings are ignored (§6.5.2).
-        self.output.append(SETTINGS_ACK)
+        self._queue_ack(SETTINGS_ACK)
         self.settings_received = True
         self._events.append(SETTINGS_CHANGED)
         self._window_opened()
