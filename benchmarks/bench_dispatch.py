@@ -212,6 +212,9 @@ async def bench(name: str, args: argparse.Namespace) -> list[float]:
         async def labels(self, name: str) -> dict[str, str]:
             return labels
 
+        def labels_now(self, name: str) -> dict[str, str]:
+            return labels
+
     kind, count = SCENARIOS[name]
     with tempfile.TemporaryDirectory() as config_dir:  # loaded as the server loads --config
         (Path(config_dir) / "webhooks.yaml").write_text(config_yaml(kind, count))

@@ -67,6 +67,9 @@ class NoNamespaces:
     async def labels(self, name: str) -> dict[str, str]:
         return {}
 
+    def labels_now(self, name: str) -> dict[str, str] | None:
+        return None  # always the awaited path, which these tests bound by the deadline
+
 
 def snapshot(*hooks: dict[str, Any], kind: str = "ValidatingWebhookConfiguration") -> Any:
     doc = {
@@ -174,3 +177,56 @@ async def test_a_bug_stays_with_its_backend(
     assert verdict.allowed is allowed
     assert (verdict.status.message if verdict.status else None) == message
     assert len(backends.calls) == 2
+
+
+class CachedNamespaces:
+    """Knows ``shop`` now (a cache hit) and ``gone`` not to exist; a live lookup would never end."""
+
+    def __init__(self) -> None:
+        self.awaited = 0
+
+    async def labels(self, name: str) -> dict[str, str]:
+        self.awaited += 1
+        await trio.sleep_forever()
+        raise AssertionError
+
+    def labels_now(self, name: str) -> dict[str, str] | None:
+        if name == "gone":
+            from gateway.dispatch.ports import NamespaceNotFoundError
+
+            raise NamespaceNotFoundError(name)
+        return {"team": "shop"} if name == "shop" else None
+
+
+@pytest.mark.parametrize(
+    ("namespace", "allowed", "seconds", "awaited"),
+    [
+        pytest.param(
+            "shop", True, 0, 0, id="MAT-12: a namespace known now is used without a lookup or its deadline"
+        ),
+        pytest.param(
+            "gone", False, 0, 0, id="MAT-16: a namespace known now not to exist is answered without a lookup"
+        ),
+        pytest.param(
+            "other",
+            False,
+            5,
+            1,
+            id="MAT-17: a namespace not known now is looked up, bounded by the review's deadline",
+        ),
+    ],
+)
+async def test_namespace_labels_known_now_skip_the_lookup(
+    autojump_clock: Any, namespace: str, allowed: bool, seconds: float, awaited: int
+) -> None:
+    backends = VirtualBackends({"sel.example.com": (0, "allow")})
+    snap = snapshot(hook("sel.example.com", "https://x", namespaceSelector={"matchLabels": {"team": "shop"}}))
+    namespaces = CachedNamespaces()
+    start = trio.current_time()
+    verdict = await Dispatcher(backends, namespaces).validate(
+        decode_inbound(json.dumps(review(namespace=namespace)).encode()), snap, deadline=start + 5
+    )
+    assert verdict.allowed is allowed
+    assert trio.current_time() - start == pytest.approx(seconds, abs=0.1)
+    assert namespaces.awaited == awaited
+    assert len(backends.calls) == (1 if allowed else 0)

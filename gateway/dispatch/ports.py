@@ -48,3 +48,11 @@ class NamespaceLabelSource(Protocol):
     failed lookup (MAT-17)."""
 
     async def labels(self, name: str) -> Mapping[str, str]: ...
+
+    def labels_now(self, name: str) -> Mapping[str, str] | None:
+        """The labels if known without waiting (a cache hit), else None: then ``labels`` is awaited.
+
+        Raises NamespaceNotFoundError like ``labels`` when the answer known now is "no such
+        namespace". Lets a review whose namespace is cached skip the deadline ``labels`` needs.
+        """
+        ...

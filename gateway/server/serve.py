@@ -513,6 +513,12 @@ class _NamespaceLabels:
             raise NamespaceNotFoundError(name)
         return found  # type: ignore[no-any-return]
 
+    def labels_now(self, name: str) -> Mapping[str, str] | None:
+        found = self._source.labels_now(name)
+        if found is self._not_found:
+            raise NamespaceNotFoundError(name)
+        return found  # type: ignore[no-any-return]
+
 
 class _MetricsOnly:
     """The metrics listener: /metrics, /healthz and /readyz only."""

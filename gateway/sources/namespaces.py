@@ -72,6 +72,10 @@ class NamespaceLabelSource(Protocol):
         """The labels of namespace ``name``; raises ``NamespaceLookupError`` when unobtainable."""
         ...
 
+    def labels_now(self, name: str) -> Labels | NotFound | None:
+        """The answer if it is known without waiting (cached), else None."""
+        ...
+
 
 # --- file mode -----------------------------------------------------------------------------------
 
@@ -95,6 +99,9 @@ class FileNamespaces:
         return
 
     async def labels(self, name: str) -> Labels | NotFound:
+        return self.labels_now(name)
+
+    def labels_now(self, name: str) -> Labels | NotFound:
         snapshot = self._source.snapshot if isinstance(self._source, ConfigStore) else self._source
         found = snapshot.namespaces.get(name)
         return self._unknown if found is None else found
@@ -204,6 +211,9 @@ class ClusterNamespaces:
 
     async def wait_synced(self) -> None:
         await self._synced.wait()
+
+    def labels_now(self, name: str) -> Labels | NotFound | None:
+        return self._cache.get(name)
 
     async def labels(self, name: str) -> Labels | NotFound:
         cached = self._cache.get(name)
