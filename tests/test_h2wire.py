@@ -13,10 +13,12 @@ from __future__ import annotations
 import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import hpack
 import pytest
 import trio
+import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -879,3 +881,97 @@ def test_a_peer_sending_as_many_pings_and_reading_the_acks_is_answered_every_tim
     for _ in range(h2wire.MAX_PENDING_FRAMES + 10):
         connection.receive(ping)
         assert connection.data_to_send().endswith(b"12345678")
+
+
+# --- over TLS: the calling task writes its own frames when the socket takes them -----------------
+
+
+@pytest.mark.parametrize(
+    ("body_size", "peer_pause", "expect_left_to_writer"),
+    [
+        pytest.param(
+            8 * 1024,
+            0.0,
+            False,
+            id="a call's frames the socket takes at once are written by the calling task",
+        ),
+        pytest.param(
+            8 * 1024 * 1024,
+            0.3,
+            True,
+            id="frames the socket cannot take at once go to the writer first in line and arrive intact",
+        ),
+    ],
+)
+async def test_calls_over_tls_write_directly_or_through_the_writer(
+    nursery: trio.Nursery, body_size: int, peer_pause: float, expect_left_to_writer: bool
+) -> None:
+    import os
+
+    import trustme
+
+    from gateway.wire.tls_stream import TLSSocketStream
+    from tests.support.httpservers import server_context
+
+    ca = trustme.CA()
+    server_ctx = server_context(ca, "localhost", alpn=("h2",))
+    client_ctx = ssl_client_context(ca)
+    listener = trio.socket.socket()
+    await listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    tcp = await trio.open_tcp_stream("127.0.0.1", listener.getsockname()[1])
+    accepted, _ = await listener.accept()
+    listener.close()
+    server_tls = TLSSocketStream(trio.SocketStream(accepted), server_ctx, server_side=True)
+    client_tls = TLSSocketStream(tcp, client_ctx, server_hostname="localhost")
+    body = os.urandom(body_size)
+    received: list[bytes] = []
+
+    async def peer_script() -> None:
+        await server_tls.do_handshake()
+        peer = Peer(server_tls, 0)  # type: ignore[arg-type]
+        big = 2**31 - 1
+        await peer.handshake(settings_frame(INITIAL_WINDOW_SIZE=big) + window_update(0, big - 65535))
+        for pause in (0.0, peer_pause):  # a first call, then the one looked at
+            await trio.sleep(pause)  # not reading yet: the client's socket fills up
+            stream_id, _, got = await peer.request()
+            received.append(got)
+            await peer.send(peer.response(stream_id))
+        await peer.frames_until_eof()
+
+    nursery.start_soon(peer_script)
+    nursery.start_soon(client_tls.do_handshake)
+    connection = http2.HTTP2Connection(client_tls, "test", lambda: None)
+    written_now: list[tuple[int, int]] = []
+    send_now = connection._send_now
+    assert send_now is not None
+
+    def counting(data: bytes) -> int:
+        sent = send_now(data)
+        written_now.append((sent, len(data)))
+        return sent
+
+    await nursery.start(connection.run)
+    headers = [(b":method", b"POST"), (b":path", b"/h"), (b":scheme", b"https"), (b":authority", b"x")]
+    with trio.fail_after(10):
+        await connection.wait_ready()
+        connection.reserved += 1
+        # The first call goes out with the connection's own first frames (the writer is busy then).
+        await connection.request(headers, b"{}", max_response_bytes=1 << 20)
+        await trio.testing.wait_all_tasks_blocked()
+        connection._send_now = counting
+        response = await connection.request(headers, body, max_response_bytes=1 << 20)
+    assert response.status == 200
+    assert received == [b"{}", body]
+    assert written_now  # the calling task tried its own write
+    assert any(sent < size for sent, size in written_now) is expect_left_to_writer
+    connection.abort()
+
+
+def ssl_client_context(ca: Any) -> Any:
+    import ssl
+
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    context.set_alpn_protocols(["h2"])
+    return context
