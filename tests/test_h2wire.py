@@ -887,24 +887,33 @@ def test_a_peer_sending_as_many_pings_and_reading_the_acks_is_answered_every_tim
 
 
 @pytest.mark.parametrize(
-    ("body_size", "peer_pause", "expect_left_to_writer"),
+    ("body_size", "peer_pause", "others_in_flight", "direct"),
     [
         pytest.param(
             8 * 1024,
             0.0,
-            False,
+            0,
+            "whole",
             id="a call's frames the socket takes at once are written by the calling task",
         ),
         pytest.param(
             8 * 1024 * 1024,
             0.3,
-            True,
+            0,
+            "part",
             id="frames the socket cannot take at once go to the writer first in line and arrive intact",
+        ),
+        pytest.param(
+            8 * 1024,
+            0.0,
+            1,
+            "none",
+            id="a call with others in flight on its connection leaves its frames to the writer's one write",
         ),
     ],
 )
 async def test_calls_over_tls_write_directly_or_through_the_writer(
-    nursery: trio.Nursery, body_size: int, peer_pause: float, expect_left_to_writer: bool
+    nursery: trio.Nursery, body_size: int, peer_pause: float, others_in_flight: int, direct: str
 ) -> None:
     import os
 
@@ -960,11 +969,15 @@ async def test_calls_over_tls_write_directly_or_through_the_writer(
         await connection.request(headers, b"{}", max_response_bytes=1 << 20)
         await trio.testing.wait_all_tasks_blocked()
         connection._send_now = counting
+        connection.reserved += others_in_flight
         response = await connection.request(headers, body, max_response_bytes=1 << 20)
     assert response.status == 200
     assert received == [b"{}", body]
-    assert written_now  # the calling task tried its own write
-    assert any(sent < size for sent, size in written_now) is expect_left_to_writer
+    if direct == "none":
+        assert written_now == []
+    else:
+        assert written_now  # the calling task tried its own write
+        assert any(sent < size for sent, size in written_now) is (direct == "part")
     connection.abort()
 
 
