@@ -1,0 +1,308 @@
+"""``LineSink``: log lines leave the event loop through memory; one thread writes them out in batches.
+
+Why: stdout of a gateway in a cluster is a pipe to the container runtime. A pipe holds 64 KiB; when
+its reader is slow or stalls, a blocking ``write()`` on the event loop stops every review in flight
+(the gateway is one thread). And one ``write()`` per line is one syscall per review.
+
+How: ``write(line)`` appends the line to a list under a lock (no syscall; the lock is only ever
+contended for the moment the writer swaps the list out). A single daemon thread takes everything
+pending once ``BATCH_BYTES`` are pending or ``LINGER_SECONDS`` after the first line arrived,
+whichever comes first, and writes it to the file descriptor with blocking ``os.write`` calls (the
+GIL is released during the syscall, so a stuck pipe stops only that thread).
+
+Why a thread and not a trio task with non-blocking I/O: lines are also written outside trio (start-up,
+the ``--workers`` supervisor, threads), and non-blocking I/O needs ``O_NONBLOCK`` on the file
+description, which the supervisor, its workers and the parent shell share: their own blocking writes
+would start failing with ``EAGAIN``.
+
+Bounded: lines accepted but not yet written (in the list or being written) take at most
+``LIMIT_BYTES`` (8 MiB: two minutes of a 100 reviews/s line rate, seconds at full load; with
+``--log-bodies`` a line can reach the request size limit, so the bound is in bytes, not lines).
+Beyond it new lines are dropped and counted (``dropped``, and whatever ``count_drops`` was given:
+``webhook_gateway_log_lines_dropped_total``); the first line accepted after a gap is preceded by one
+notice line saying how many were dropped, so nothing is lost silently.
+
+Whole lines, in order: lines are written in the order ``write`` accepted them, and every
+``write()`` syscall holds whole lines only. How many: up to ``max_write`` bytes. A process that is
+the only writer of its stdout (``serve`` without ``--workers``) writes up to ``BATCH_BYTES`` at once.
+When several processes share one stdout (the ``--workers`` supervisor and its workers), each
+``write()`` holds at most ``PIPE_BUF`` (4,096) bytes: POSIX makes such a pipe write atomic, so their
+lines never interleave inside a line, even when the pipe is full (a larger write is split wherever
+the pipe fills, and another process's write can land in between: a torn line). A single line longer
+than ``PIPE_BUF`` is written alone, whole unless another process writes into the same full pipe at
+that moment (as before batching). Why not always ``PIPE_BUF``: the writer thread takes the GIL
+back after every ``write()``; measured with a busy logging thread, 4 KiB writes cost about 0.5-1 µs
+of CPU per line more than 64 KiB ones (``benchmarks/bench_observability.py --pipe``).
+
+Errors: ``EAGAIN`` (someone made the descriptor non-blocking) waits for the descriptor to become
+writable; any other error (``EPIPE``: the reader is gone; ``EBADF``) drops the lines of that write,
+counts them, says so once on stderr, and the writer carries on with the next batch (at most one
+batch per ``LINGER_SECONDS``: it never spins). Nothing propagates to the code that logs.
+
+Shutdown: ``close`` waits at most ``CLOSE_TIMEOUT`` seconds for everything accepted to be written;
+when stdout is stuck it says so on stderr and returns, so that the process can exit.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+PIPE_BUF: Final = select.PIPE_BUF  # 4,096 on Linux: the largest atomic pipe write
+BATCH_BYTES: Final = 64 * 1024  # a pipe's capacity: write as soon as this much is pending
+LINGER_SECONDS: Final = 0.05  # otherwise this long after the first pending line
+LIMIT_BYTES: Final = 8 * 1024 * 1024  # accepted and not yet written; beyond it lines are dropped
+CLOSE_TIMEOUT: Final = 2.0  # the most ``close`` waits for a stuck reader
+
+Notice = Callable[[int, dict[str, Any]], bytes]
+"""Renders the line saying ``count`` lines were dropped (with the logging context at the gap)."""
+
+
+class _Gap:
+    """Where lines were dropped: the notice is rendered (by the writer) when it is written."""
+
+    __slots__ = ("context", "count")
+
+    def __init__(self, count: int, context: dict[str, Any]) -> None:
+        self.count = count
+        self.context = context
+
+
+def _no_context() -> dict[str, Any]:
+    return {}
+
+
+class LineSink:
+    """A bounded buffer of lines in front of a file descriptor, written out by one thread.
+
+    ``write(line)`` never blocks on the descriptor (``line`` without its newline). ``flush`` and
+    ``close`` wait, with a bound, until what was accepted before them is written.
+    """
+
+    def __init__(
+        self,
+        fd: int,
+        *,
+        notice: Notice,
+        context: Callable[[], dict[str, Any]] = _no_context,
+        limit_bytes: int = LIMIT_BYTES,
+        batch_bytes: int = BATCH_BYTES,
+        linger: float = LINGER_SECONDS,
+        max_write: int = PIPE_BUF,
+        write: Callable[[int, Any], int] = os.write,
+        stderr: Callable[[str], object] | None = None,
+    ) -> None:
+        self.fd = fd
+        self._notice = notice
+        self._context = context
+        self._limit = limit_bytes
+        self._batch = batch_bytes
+        self._linger = linger
+        self._max_write = max_write
+        self._os_write = write
+        self._stderr = stderr if stderr is not None else _to_stderr
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._lines: list[bytes | _Gap] = []
+        self._buffered = 0  # bytes in _lines
+        self._in = 0  # bytes ever accepted (newlines included) ...
+        self._out = 0  # ... and done with (written, or dropped after a write error)
+        self._gap = 0  # lines dropped since the last accepted one
+        self._urgent = False  # flush: write now, without lingering
+        self._stopping = False
+        self._stuck = False  # a close timed out: the reader does not read
+        self.dropped = 0  # lines dropped, ever (buffer full or write error)
+        self.writes = 0  # write() syscalls made
+        self._on_drop: Callable[[int], object] | None = None
+        self._failed = False  # a write error was reported on stderr
+        self._thread = threading.Thread(target=self._run, name="webhook-gateway-log-writer", daemon=True)
+        self._thread.start()
+
+    # --- the hot path ------------------------------------------------------------------------------
+
+    def write(self, line: bytes) -> None:
+        """Queue ``line`` (no trailing newline); drop it and count it when the buffer is full."""
+        size = len(line) + 1
+        with self._lock:
+            if self._in - self._out + size > self._limit:  # also every line after close (limit -1)
+                if not self._stopping:
+                    self._drop(1)
+                    return
+                late = not self._stuck
+                if not late:
+                    self._drop(1)  # counted; the close already said that output is stuck
+            else:
+                lines = self._lines
+                first = not lines
+                if self._gap:  # the first line after dropped ones: the notice goes before it
+                    lines.append(_Gap(self._gap, self._context()))
+                    self._gap = 0
+                lines.append(line)
+                self._in += size
+                buffered = self._buffered = self._buffered + size
+                # Wake the writer at the first line (it lingers for more) and when a batch is full.
+                if first or (buffered >= self._batch and buffered - size < self._batch):
+                    self._cond.notify()
+                return
+        if late:  # after a clean close (exit): written at once, in the caller's thread
+            self._write_lines([line], 1, 0)
+
+    def _drop(self, count: int) -> None:
+        """With the lock held."""
+        self.dropped += count
+        self._gap += count
+        if self._on_drop is not None:
+            self._on_drop(count)
+
+    def count_drops(self, add: Callable[[int], object]) -> None:
+        """Call ``add(n)`` for every ``n`` lines dropped from now on, and once now for those before."""
+        with self._lock:
+            self._on_drop = add
+            if self.dropped:
+                add(self.dropped)
+
+    # --- waiting for it ------------------------------------------------------------------------------
+
+    def flush(self, timeout: float = CLOSE_TIMEOUT) -> bool:
+        """Wait until every line accepted so far is written (or dropped); False after ``timeout``."""
+        if threading.current_thread() is self._thread:
+            return False
+        with self._cond:
+            target = self._in
+            self._urgent = True
+            self._cond.notify_all()
+            return self._cond.wait_for(lambda: self._out >= target, timeout)
+
+    def close(self, timeout: float = CLOSE_TIMEOUT) -> bool:
+        """Flush (at most ``timeout`` seconds) and stop the writer thread; True if all was written.
+
+        Otherwise (stdout not read) says so on stderr and leaves the writer blocked (a daemon thread:
+        it does not keep the process alive). Lines written after a close are written at once by the
+        caller if the close succeeded, else dropped and counted: nothing may block an exit.
+        """
+        with self._lock:
+            if self._stopping:
+                return not self._stuck
+        flushed = self.flush(timeout)
+        with self._cond:
+            self._stopping = True
+            self._limit = -1  # every later write takes the slow branch of write()
+            self._stuck = not flushed
+            pending = self._in - self._out
+            self._cond.notify_all()
+        if flushed:
+            self._thread.join(timeout)
+        else:
+            self._stderr(
+                f"webhook-gateway: log output (fd {self.fd}) is not being read: {pending} bytes of log "
+                f"lines not written after {timeout:g} s; exiting without them\n"
+            )
+        return flushed
+
+    # --- the writer thread -------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        cond = self._cond
+        while True:
+            with cond:
+                while not self._lines and not self._stopping:
+                    cond.wait()
+                if self._stopping and not self._lines:
+                    return
+                # Linger: let a batch build up (fewer, larger writes) unless it is full or wanted now.
+                deadline = time.monotonic() + self._linger
+                while self._buffered < self._batch and not self._urgent and not self._stopping:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    cond.wait(left)
+                batch, self._lines = self._lines, []
+                size, self._buffered = self._buffered, 0
+                self._urgent = False
+            try:
+                self._write_batch(batch)
+            except Exception as exc:  # noqa: BLE001 - (MemoryError...) the writer must keep going
+                self._lost(sum(isinstance(line, bytes) for line in batch), 0, exc)
+            with cond:
+                self._out += size
+                cond.notify_all()
+
+    def _write_batch(self, batch: list[bytes | _Gap]) -> None:
+        """Write ``batch`` in ``write()`` calls of whole lines, at most ``max_write`` bytes each."""
+        chunk: list[bytes] = []
+        chunk_bytes = lines = noted = 0  # noted: dropped lines the chunk's notices report
+        limit = self._max_write
+        for item in batch:
+            line = self._render_gap(item) if isinstance(item, _Gap) else item
+            size = len(line) + 1
+            if chunk and chunk_bytes + size > limit:
+                self._write_lines(chunk, lines, noted)
+                chunk, chunk_bytes, lines, noted = [], 0, 0, 0
+            chunk.append(line)
+            chunk_bytes += size
+            if isinstance(item, _Gap):
+                noted += item.count
+            else:
+                lines += 1
+        if chunk:
+            self._write_lines(chunk, lines, noted)
+
+    def _render_gap(self, gap: _Gap) -> bytes:
+        try:
+            return self._notice(gap.count, gap.context)
+        except Exception:  # noqa: BLE001 - the notice must not stop the writer; say it plainly
+            return f"webhook-gateway: {gap.count} log lines dropped".encode()
+
+    def _write_lines(self, chunk: list[bytes], lines: int, noted: int) -> None:
+        """One ``write()`` of ``chunk`` (``lines`` log lines, notices for ``noted`` dropped ones)."""
+        chunk.append(b"")  # b"\n".join then ends with the last line's newline
+        data = memoryview(b"\n".join(chunk))
+        write = self._os_write
+        while data:
+            try:
+                written = write(self.fd, data)
+            except BlockingIOError:  # O_NONBLOCK set by someone sharing the file description
+                self._wait_writable()
+                continue
+            except OSError as exc:  # EPIPE (reader gone), EBADF (closed), EIO, ENOSPC ...
+                self._lost(lines, noted, exc)
+                return
+            finally:
+                self.writes += 1
+            data = data[written:]
+
+    def _wait_writable(self) -> None:
+        try:
+            poller = select.poll()
+            poller.register(self.fd, select.POLLOUT)
+            poller.poll(100)
+        except (OSError, ValueError):
+            time.sleep(0.1)
+
+    def _lost(self, lines: int, noted: int, exc: BaseException) -> None:
+        """A write failed: its ``lines`` are dropped; the ``noted`` drops its notices reported are not
+        reported yet (the next notice counts them again)."""
+        with self._lock:
+            self._drop(lines)
+            self._gap += noted
+            report = not self._failed
+            self._failed = True
+        if report:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            self._stderr(
+                f"webhook-gateway: writing log lines to fd {self.fd} failed ({reason}); lines that "
+                "cannot be written are counted in webhook_gateway_log_lines_dropped_total\n"
+            )
+
+
+def _to_stderr(text: str) -> None:
+    try:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):
+        pass
