@@ -298,3 +298,19 @@ def test_lines_from_several_threads_are_each_whole_and_in_each_threads_order(pip
         assert len(line) == 80 and set(rest) == {ord("-")}
         seen.setdefault(name.decode(), []).append(int(number))
     assert seen == {f"t{n}": list(range(2000)) for n in range(4)}
+
+
+def test_lines_dropped_at_the_end_are_announced_by_close(pipe: tuple[int, int]) -> None:
+    read_end, write_end = pipe
+    filled = fill(write_end)
+    sink = LineSink(write_end, notice=notice, limit_bytes=1000)
+    for line in lines_of(20):
+        sink.write(line)
+    dropped = sink.dropped
+    assert dropped > 0
+    drain = Drain(read_end)
+    assert sink.close()
+    os.close(write_end)
+    drain.thread.join(30)
+    lines = bytes(drain.data[filled:]).split(b"\n")[:-1]
+    assert lines == [*lines_of(20)[: 20 - dropped], f"NOTICE dropped={dropped}".encode()]

@@ -188,6 +188,9 @@ class LineSink:
         with self._lock:
             if self._stopping:
                 return not self._stuck
+            if self._gap:  # dropped lines no later line announced: the notice is the last line
+                self._lines.append(_Gap(self._gap, self._context()))
+                self._gap = 0
         flushed = self.flush(timeout)
         with self._cond:
             self._stopping = True
