@@ -366,7 +366,7 @@ def _dropped_notice(processors: list[Processor]) -> Callable[[int, dict[str, Any
         event: Any = {"event": DROPPED_EVENT, "dropped": count}
         for key, value in context.items():
             event.setdefault(key, value)
-        for processor in processors[1:]:  # not merge_contextvars: this runs in the writer's thread
+        for processor in processors[1:]:  # not merge_contextvars: the context is given
             event = processor(None, "warning", event)
         return event if isinstance(event, bytes) else str(event).encode("utf-8", "replace")
 

@@ -4,26 +4,32 @@ Why: stdout of a gateway in a cluster is a pipe to the container runtime. A pipe
 its reader is slow or stalls, a blocking ``write()`` on the event loop stops every review in flight
 (the gateway is one thread). And one ``write()`` per line is one syscall per review.
 
-How: ``write(line)`` appends the line to a list under a lock (no syscall; the lock is only ever
-contended for the moment the writer swaps the list out). A single daemon thread takes everything
-pending once ``BATCH_BYTES`` are pending or ``LINGER_SECONDS`` after the first line arrived,
-whichever comes first, and writes it to the file descriptor with blocking ``os.write`` calls (the
-GIL is released during the syscall, so a stuck pipe stops only that thread).
+How: ``write(line)`` copies the line and its newline to the end of a ``bytearray`` under a lock (no
+syscall; the lock is only ever contended for the moment the writer swaps the buffer out). Copying
+(rather than keeping the line object in a list) frees each line where it was made, so the allocator
+hands the same warm memory to the next one; measured, this saves more than the copy costs, and the
+writer needs no ``join``. A single daemon thread takes everything pending once ``BATCH_BYTES`` are
+pending or ``LINGER_SECONDS`` after the first line arrived, whichever comes first, and writes it to
+the file descriptor with blocking ``os.write`` calls (the GIL is released during the syscall, so a
+stuck pipe stops only that thread). Each wake-up of the writer takes the GIL from the event loop for
+a moment, so it wakes once per batch.
 
 Why a thread and not a trio task with non-blocking I/O: lines are also written outside trio (start-up,
 the ``--workers`` supervisor, threads), and non-blocking I/O needs ``O_NONBLOCK`` on the file
 description, which the supervisor, its workers and the parent shell share: their own blocking writes
 would start failing with ``EAGAIN``.
 
-Bounded: lines accepted but not yet written (in the list or being written) take at most
+Bounded: lines accepted but not yet written (in the buffer or being written) take at most
 ``LIMIT_BYTES`` (8 MiB: two minutes of a 100 reviews/s line rate, seconds at full load; with
 ``--log-bodies`` a line can reach the request size limit, so the bound is in bytes, not lines).
 Beyond it new lines are dropped and counted (``dropped``, and whatever ``count_drops`` was given:
 ``webhook_gateway_log_lines_dropped_total``); the first line accepted after a gap is preceded by one
-notice line saying how many were dropped, so nothing is lost silently.
+notice line saying how many were dropped (rendered then, by the thread that logs: once per gap), and
+``close`` writes one for a gap at the end, so nothing is lost silently.
 
 Whole lines, in order: lines are written in the order ``write`` accepted them, and every
-``write()`` syscall holds whole lines only. How many: up to ``max_write`` bytes. A process that is
+``write()`` syscall holds whole lines only (it ends at a newline; a console-format record with a
+multi-line traceback counts as several lines). How many: up to ``max_write`` bytes. A process that is
 the only writer of its stdout (``serve`` without ``--workers``) writes up to ``BATCH_BYTES`` at once.
 When several processes share one stdout (the ``--workers`` supervisor and its workers), each
 ``write()`` holds at most ``PIPE_BUF`` (4,096) bytes: POSIX makes such a pipe write atomic, so their
@@ -31,8 +37,9 @@ lines never interleave inside a line, even when the pipe is full (a larger write
 the pipe fills, and another process's write can land in between: a torn line). A single line longer
 than ``PIPE_BUF`` is written alone, whole unless another process writes into the same full pipe at
 that moment (as before batching). Why not always ``PIPE_BUF``: the writer thread takes the GIL
-back after every ``write()``; measured with a busy logging thread, 4 KiB writes cost about 0.5-1 µs
-of CPU per line more than 64 KiB ones (``benchmarks/bench_observability.py --pipe``).
+back after every ``write()``; measured with a busy logging thread (``benchmarks/bench_observability.py
+--pipe``), the output costs about 1.0 µs of process CPU per line with 4 KiB writes against 0.75 µs
+with 64 KiB ones (1.6 µs when each line is written at once).
 
 Errors: ``EAGAIN`` (someone made the descriptor non-blocking) waits for the descriptor to become
 writable; any other error (``EPIPE``: the reader is gone; ``EBADF``) drops the lines of that write,
@@ -61,16 +68,6 @@ CLOSE_TIMEOUT: Final = 2.0  # the most ``close`` waits for a stuck reader
 
 Notice = Callable[[int, dict[str, Any]], bytes]
 """Renders the line saying ``count`` lines were dropped (with the logging context at the gap)."""
-
-
-class _Gap:
-    """Where lines were dropped: the notice is rendered (by the writer) when it is written."""
-
-    __slots__ = ("context", "count")
-
-    def __init__(self, count: int, context: dict[str, Any]) -> None:
-        self.count = count
-        self.context = context
 
 
 def _no_context() -> dict[str, Any]:
@@ -108,12 +105,13 @@ class LineSink:
         self._stderr = stderr if stderr is not None else _to_stderr
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
-        self._lines: list[bytes | _Gap] = []
-        self._buffered = 0  # bytes in _lines
-        self._in = 0  # bytes ever accepted (newlines included) ...
+        self._buf = bytearray()  # accepted lines, each with its newline
+        self._notes: list[tuple[int, int]] = []  # (end offset in _buf, dropped lines it reports)
+        self._in = 0  # bytes ever accepted ...
         self._out = 0  # ... and done with (written, or dropped after a write error)
         self._gap = 0  # lines dropped since the last accepted one
         self._urgent = False  # flush: write now, without lingering
+        self._idle = False  # the writer sleeps until the next line
         self._stopping = False
         self._stuck = False  # a close timed out: the reader does not read
         self.dropped = 0  # lines dropped, ever (buffer full or write error)
@@ -137,20 +135,21 @@ class LineSink:
                 if not late:
                     self._drop(1)  # counted; the close already said that output is stuck
             else:
-                lines = self._lines
-                first = not lines
+                buf = self._buf
+                first = not buf
                 if self._gap:  # the first line after dropped ones: the notice goes before it
-                    lines.append(_Gap(self._gap, self._context()))
-                    self._gap = 0
-                lines.append(line)
+                    self._add_notice()
+                buf += line
+                buf.append(10)  # b"\n"
                 self._in += size
-                buffered = self._buffered = self._buffered + size
-                # Wake the writer at the first line (it lingers for more) and when a batch is full.
-                if first or (buffered >= self._batch and buffered - size < self._batch):
+                pending = len(buf)
+                # Wake the writer at the first line if it sleeps (it lingers for more), and when a
+                # batch is full.
+                if (first and self._idle) or (pending >= self._batch and pending - size < self._batch):
                     self._cond.notify()
                 return
         if late:  # after a clean close (exit): written at once, in the caller's thread
-            self._write_lines([line], 1, 0)
+            self._write_out(line + b"\n", [])
 
     def _drop(self, count: int) -> None:
         """With the lock held."""
@@ -158,6 +157,18 @@ class LineSink:
         self._gap += count
         if self._on_drop is not None:
             self._on_drop(count)
+
+    def _add_notice(self) -> None:
+        """With the lock held: the line saying ``_gap`` lines were dropped, at the end of the buffer."""
+        count, self._gap = self._gap, 0
+        try:
+            text = self._notice(count, self._context())
+        except Exception:  # noqa: BLE001 - the notice must not break logging; say it plainly
+            text = f"webhook-gateway: {count} log lines dropped".encode()
+        self._buf += text
+        self._buf.append(10)
+        self._in += len(text) + 1
+        self._notes.append((len(self._buf), count))
 
     def count_drops(self, add: Callable[[int], object]) -> None:
         """Call ``add(n)`` for every ``n`` lines dropped from now on, and once now for those before."""
@@ -189,8 +200,7 @@ class LineSink:
             if self._stopping:
                 return not self._stuck
             if self._gap:  # dropped lines no later line announced: the notice is the last line
-                self._lines.append(_Gap(self._gap, self._context()))
-                self._gap = 0
+                self._add_notice()
         flushed = self.flush(timeout)
         with self._cond:
             self._stopping = True
@@ -210,74 +220,74 @@ class LineSink:
     # --- the writer thread -------------------------------------------------------------------------
 
     def _run(self) -> None:
+        # It wakes once per batch: when the linger period ends or a batch is full (notified by
+        # write()). Only after a whole linger period without lines does it sleep until write() wakes
+        # it (_idle), so that an idle gateway does not wake 20 times a second.
         cond = self._cond
         while True:
             with cond:
-                while not self._lines and not self._stopping:
-                    cond.wait()
-                if self._stopping and not self._lines:
-                    return
                 # Linger: let a batch build up (fewer, larger writes) unless it is full or wanted now.
                 deadline = time.monotonic() + self._linger
-                while self._buffered < self._batch and not self._urgent and not self._stopping:
+                while len(self._buf) < self._batch and not self._urgent and not self._stopping:
                     left = deadline - time.monotonic()
-                    if left <= 0:
+                    if left > 0:
+                        cond.wait(left)
+                    elif self._buf:
                         break
-                    cond.wait(left)
-                batch, self._lines = self._lines, []
-                size, self._buffered = self._buffered, 0
+                    else:  # nothing came for a whole linger period: sleep until the first line
+                        self._idle = True
+                        cond.wait()
+                        self._idle = False
+                        deadline = time.monotonic() + self._linger
+                if self._stopping and not self._buf:
+                    return
+                data, self._buf = self._buf, bytearray()
+                notes, self._notes = self._notes, []
                 self._urgent = False
             try:
-                self._write_batch(batch)
+                self._write_out(data, notes)
             except Exception as exc:  # noqa: BLE001 - (MemoryError...) the writer must keep going
-                self._lost(sum(isinstance(line, bytes) for line in batch), 0, exc)
+                self._lost(data.count(b"\n"), 0, exc)
             with cond:
-                self._out += size
+                self._out += len(data)
                 cond.notify_all()
 
-    def _write_batch(self, batch: list[bytes | _Gap]) -> None:
-        """Write ``batch`` in ``write()`` calls of whole lines, at most ``max_write`` bytes each."""
-        chunk: list[bytes] = []
-        chunk_bytes = lines = noted = 0  # noted: dropped lines the chunk's notices report
+    def _write_out(self, data: bytes | bytearray, notes: list[tuple[int, int]]) -> None:
+        """Write ``data`` (whole lines) in ``write()`` calls that each end at a newline and hold at
+        most ``max_write`` bytes, or one line when it is longer."""
+        view = memoryview(data)
         limit = self._max_write
-        for item in batch:
-            line = self._render_gap(item) if isinstance(item, _Gap) else item
-            size = len(line) + 1
-            if chunk and chunk_bytes + size > limit:
-                self._write_lines(chunk, lines, noted)
-                chunk, chunk_bytes, lines, noted = [], 0, 0, 0
-            chunk.append(line)
-            chunk_bytes += size
-            if isinstance(item, _Gap):
-                noted += item.count
+        start, size = 0, len(data)
+        while start < size:
+            end = start + limit
+            if end >= size:
+                end = size
             else:
-                lines += 1
-        if chunk:
-            self._write_lines(chunk, lines, noted)
+                cut = data.rfind(b"\n", start, end)
+                if cut < 0:  # one line longer than max_write: alone, whole
+                    cut = data.find(b"\n", end)
+                end = cut + 1
+            error = self._write_chunk(view[start:end])
+            if error is not None:
+                noted = [count for offset, count in notes if start < offset <= end]
+                self._lost(data.count(b"\n", start, end) - len(noted), sum(noted), error)
+            start = end
 
-    def _render_gap(self, gap: _Gap) -> bytes:
-        try:
-            return self._notice(gap.count, gap.context)
-        except Exception:  # noqa: BLE001 - the notice must not stop the writer; say it plainly
-            return f"webhook-gateway: {gap.count} log lines dropped".encode()
-
-    def _write_lines(self, chunk: list[bytes], lines: int, noted: int) -> None:
-        """One ``write()`` of ``chunk`` (``lines`` log lines, notices for ``noted`` dropped ones)."""
-        chunk.append(b"")  # b"\n".join then ends with the last line's newline
-        data = memoryview(b"\n".join(chunk))
+    def _write_chunk(self, chunk: memoryview) -> OSError | None:
+        """All of ``chunk`` (partial writes continue); the error that stopped it, if one did."""
         write = self._os_write
-        while data:
+        while chunk:
             try:
-                written = write(self.fd, data)
+                written = write(self.fd, chunk)
             except BlockingIOError:  # O_NONBLOCK set by someone sharing the file description
                 self._wait_writable()
                 continue
             except OSError as exc:  # EPIPE (reader gone), EBADF (closed), EIO, ENOSPC ...
-                self._lost(lines, noted, exc)
-                return
+                return exc
             finally:
                 self.writes += 1
-            data = data[written:]
+            chunk = chunk[written:]
+        return None
 
     def _wait_writable(self) -> None:
         try:
