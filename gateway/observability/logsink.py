@@ -20,8 +20,10 @@ description, which the supervisor, its workers and the parent shell share: their
 would start failing with ``EAGAIN``.
 
 Bounded: lines accepted but not yet written (in the buffer or being written) take at most
-``LIMIT_BYTES`` (8 MiB: two minutes of a 100 reviews/s line rate, seconds at full load; with
-``--log-bodies`` a line can reach the request size limit, so the bound is in bytes, not lines).
+``LIMIT_BYTES``: 8 MiB, about two minutes of lines at 100 reviews/s and a few seconds at full load
+(enough to ride out a log agent's restart), and small next to the manifests' 256 MiB memory limit
+even with ``--workers``. The bound is in bytes, not lines: with ``--log-bodies`` a line can be as
+large as a review.
 Beyond it new lines are dropped and counted (``dropped``, and whatever ``count_drops`` was given:
 ``webhook_gateway_log_lines_dropped_total``); the first line accepted after a gap is preceded by one
 notice line saying how many were dropped (rendered then, by the thread that logs: once per gap), and
