@@ -7,10 +7,12 @@ read back from the stream ``configure_logging`` writes to.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import io
 import json
 import logging
+import os
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -1090,3 +1092,141 @@ def test_backend_seconds_of_is_the_reports(kind: str, durations: tuple[float, ..
     r = answer(kind, *(rec(f"b{i}", seconds=s) for i, s in enumerate(durations))).report
     assert r is not None
     assert backend_seconds_of(r) == r.backend_seconds
+
+
+# --- background output (configure_logging(background=True): the serving processes) -----------------
+
+
+@pytest.fixture
+def pipe_output(output: io.TextIOWrapper) -> Iterator[tuple[io.TextIOWrapper, int]]:
+    """A text stream over the write end of a real pipe, and the read end; the sink is closed after."""
+    from gateway.observability import logs
+
+    read_end, write_end = os.pipe()
+    stream = io.TextIOWrapper(open(write_end, "wb"), encoding="utf-8", write_through=True)  # noqa: SIM115
+    yield stream, read_end
+    logs._close_sink()
+    stream.close()
+    os.close(read_end)
+
+
+def _read_pipe(read_end: int) -> bytes:
+    """What the pipe holds once the sink has written everything it accepted."""
+    from gateway.observability import logs
+
+    assert logs.flush_logs(30)
+    os.set_blocking(read_end, False)
+    data = bytearray()
+    with contextlib.suppress(BlockingIOError):
+        while chunk := os.read(read_end, 1 << 20):
+            data += chunk
+    return bytes(data)
+
+
+@pytest.mark.parametrize("context", [False, True], ids=["", "with a bound structlog context variable"])
+@pytest.mark.parametrize("case", list(GOLDEN))
+def test_background_output_writes_the_golden_bytes(
+    pipe_output: tuple[io.TextIOWrapper, int], monkeypatch: pytest.MonkeyPatch, case: str, context: bool
+) -> None:
+    """Through the sink, to a pipe: the same bytes as written at once (the fast EventWriter path too)."""
+    from gateway.observability import logs
+
+    stream, read_end = pipe_output
+    monkeypatch.setattr(logs, "datetime", FROZEN_CLOCK)
+    configure_logging("info", "json", stream=stream, background=True)
+    assert logs.EventWriter(structlog.get_logger("gateway.review").bind())._encode is not None
+    obs, kw = _golden_case(case)
+    trace = ("1" * 32, "01") if case == "one backend, allowed, trace bound" else None
+    token = current_trace.set(trace)
+    structlog.contextvars.clear_contextvars()
+    if context:
+        structlog.contextvars.bind_contextvars(worker=2)
+    try:
+        observe(obs, "mutating" if case.startswith(("mutating", "log bodies")) else "validating", **kw)
+    finally:
+        structlog.contextvars.clear_contextvars()
+        current_trace.reset(token)
+    expected = GOLDEN[case]
+    if context:
+        expected = b"\n".join(line[:-1] + b',"worker":2}' for line in expected.splitlines()) + b"\n"
+    assert _read_pipe(read_end) == expected
+
+
+def test_background_console_output_is_what_the_stream_gets(
+    output: io.TextIOWrapper, pipe_output: tuple[io.TextIOWrapper, int]
+) -> None:
+    """Console format through the sink: the text the stream itself would have been given."""
+    stream, read_end = pipe_output
+    configure_logging("info", "console", stream=output)
+    structlog.get_logger().info("hello", n=1, names=["a"], text="é")
+    direct = _text(output).split(" ", 1)[1]  # without the timestamp
+    configure_logging("info", "console", stream=stream, background=True)
+    structlog.get_logger().info("hello", n=1, names=["a"], text="é")
+    assert _read_pipe(read_end).decode().split(" ", 1)[1] == direct
+
+
+def _fill(fd: int) -> int:
+    """Fill the pipe with whole lines, as a reader that stopped reading leaves it; bytes written."""
+    os.set_blocking(fd, False)
+    filled = 0
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            filled += os.write(fd, b"f" * 99 + b"\n")
+    os.set_blocking(fd, True)
+    return filled
+
+
+@pytest.mark.parametrize(
+    ("fmt", "expected"),
+    [
+        pytest.param(
+            "json",
+            b'{"timestamp":"2026-11-24T13:44:52.123456Z","level":"warning","event":"log lines dropped",'
+            b'"dropped":DROPPED,"worker":2}',
+            id="JSON: a warning line with the count and the worker's context variable",
+        ),
+        pytest.param(
+            "console",
+            b"[warning  ] log lines dropped              dropped=DROPPED worker=2",
+            id="console: the same, readable",
+        ),
+    ],
+)
+def test_dropped_lines_are_announced_by_one_line_and_counted_in_the_metric(
+    pipe_output: tuple[io.TextIOWrapper, int], monkeypatch: pytest.MonkeyPatch, fmt: str, expected: bytes
+) -> None:
+    """Beyond the bound, lines are dropped; the next line written is preceded by how many were."""
+    from functools import partial
+
+    from gateway.observability import logs
+    from gateway.observability.logsink import LineSink
+
+    stream, read_end = pipe_output
+    monkeypatch.setattr(logs, "datetime", FROZEN_CLOCK)
+    monkeypatch.setattr(logs, "LineSink", partial(LineSink, limit_bytes=1000))
+    filled = _fill(stream.fileno())  # nobody reads
+    configure_logging("info", fmt, stream=stream, background=True)  # type: ignore[arg-type]
+    metrics = Metrics()
+    logs.count_dropped_lines(metrics.log_lines_dropped.labels().inc)
+    structlog.contextvars.clear_contextvars()
+    structlog.contextvars.bind_contextvars(worker=2)
+    try:
+        for i in range(100):
+            structlog.get_logger().info("line", i=i)
+        dropped = int(metrics.log_lines_dropped.labels().value)
+        assert dropped > 0
+        while filled:  # the reader is back: the lines that filled the pipe, exactly
+            filled -= len(os.read(read_end, filled))
+        assert logs.flush_logs(30)
+        structlog.get_logger().info("line", i="after")
+    finally:
+        structlog.contextvars.clear_contextvars()
+    data = _read_pipe(read_end)
+    lines = data.splitlines()
+    notices = [line for line in lines if b"log lines dropped" in line]
+    assert len(notices) == 1
+    assert notices[0].endswith(expected.replace(b"DROPPED", str(dropped).encode()))
+    assert lines[-2] == notices[0]
+    assert b"after" in lines[-1]
+    assert len(lines) - 2 + dropped == 100  # every line is either written or counted
+    assert f"webhook_gateway_log_lines_dropped_total {float(dropped)}".encode() in metrics.render()[0]

@@ -298,7 +298,7 @@ def run(options: ServeSettings) -> int:
     import trio
 
     from gateway.errors import ConfigError, GatewayError
-    from gateway.observability import Observability, configure_logging
+    from gateway.observability import Observability, configure_logging, count_dropped_lines
     from gateway.server.workers import supervise, worker_count
 
     if options.workers is not None and options.workers < 0:
@@ -313,12 +313,16 @@ def run(options: ServeSettings) -> int:
             return fail(str(exc))
     from gateway.server.serve import serve as run_server
 
-    configure_logging(options.log_level, options.log_format)
+    # Lines leave the event loop through memory and a writer thread: a stdout nobody reads must not
+    # stop reviews (observability/logsink.py).
+    configure_logging(options.log_level, options.log_format, background=True)
     observer = Observability(
         metrics=not options.no_metrics,
         review_log=not options.no_review_log,
         log_bodies=options.log_bodies,
     )
+    if observer.prometheus is not None:
+        count_dropped_lines(observer.prometheus.log_lines_dropped.labels().inc)
     try:
         trio.run(partial(run_server, options, observer=observer))
     except KeyboardInterrupt:

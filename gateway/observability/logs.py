@@ -9,10 +9,17 @@ Measured with ``benchmarks/bench_observability.py``: the canonical line costs ab
 one-backend review and 9 µs for five (building its fields included), against about 19 and 27 µs
 through structlog's stock ``JSONRenderer`` chain. Disabled levels cost a no-op method call
 (``make_filtering_bound_logger``).
+
+Where lines go: the serving processes (``serve``, the ``--workers`` supervisor and each worker) use
+``configure_logging(..., background=True)``: lines are handed to a ``logsink.LineSink``, which never
+blocks the caller on stdout, writes in batches from a thread of its own, and drops (and counts, and
+says so) beyond a memory bound; the bytes are those written without it. The other commands write
+each line to the stream at once.
 """
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import logging
 import re
@@ -22,9 +29,11 @@ from typing import Any, BinaryIO, Final, Literal, TextIO
 
 import msgspec
 import structlog
-from structlog.contextvars import merge_contextvars
+from structlog.contextvars import get_contextvars, merge_contextvars
 from structlog.processors import add_log_level, format_exc_info
 from structlog.typing import EventDict, Processor, WrappedLogger
+
+from gateway.observability.logsink import BATCH_BYTES, PIPE_BUF, LineSink
 
 LogFormat = Literal["json", "console"]
 
@@ -191,23 +200,48 @@ def configure_logging(
     fmt: LogFormat = "json",
     *,
     stream: TextIO | None = None,
+    background: bool = False,
+    shared: bool = False,
 ) -> None:
     """Configure structlog and stdlib logging once (``__main__`` only).
 
     ``level`` is one of ``LEVELS``; ``fmt`` is ``json`` (one JSON object
     per line, the default) or ``console`` (human-readable). Output goes to ``stream`` (default stdout).
     Stdlib loggers (hypercorn's ``hypercorn.error``) are routed into the same pipeline.
+
+    ``background``: lines go through a ``LineSink`` on the stream's file descriptor (the serving
+    processes; see the module docstring), same bytes. It is flushed (waiting at most
+    ``logsink.CLOSE_TIMEOUT`` seconds) at exit and when logging is configured again. ``shared``: other
+    processes write to the same stdout (``--workers``): each write holds at most ``PIPE_BUF`` bytes,
+    so that lines from different processes never interleave (``logsink``).
     """
     out = stream if stream is not None else sys.stdout
     min_level = LEVELS[level.lower()]
+    processors = _processors(fmt, colors=fmt == "console" and _isatty(out))
+    _close_sink()
     logger_factory: Any
-    if fmt == "json":
+    if background:
+        out.flush()  # what was written to the stream before comes out before the sink's lines
+        sink = LineSink(
+            out.fileno(),
+            notice=_dropped_notice(processors),
+            context=get_contextvars,
+            max_write=PIPE_BUF if shared else BATCH_BYTES,
+        )
+        _install_sink(sink)
+        logger: _SinkBytesLogger | _SinkTextLogger
+        if fmt == "json":
+            logger = _SinkBytesLogger(sink)
+        else:
+            logger = _SinkTextLogger(sink, out.encoding or "utf-8", out.errors or "strict")
+        logger_factory = _SinkLoggerFactory(logger)
+    elif fmt == "json":
         # JSON lines are rendered as bytes and written to the binary buffer underneath the stream.
         logger_factory = structlog.BytesLoggerFactory(file=_binary(out))
     else:
         logger_factory = structlog.PrintLoggerFactory(file=out)
     structlog.configure(
-        processors=_processors(fmt, colors=fmt == "console" and _isatty(out)),
+        processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(min_level),
         context_class=dict,
         logger_factory=logger_factory,
@@ -219,6 +253,124 @@ def configure_logging(
             root.removeHandler(handler)
     root.addHandler(StructlogHandler())
     root.setLevel(min_level)
+
+
+# --- background output (LineSink) ------------------------------------------------------------------
+
+# The sink of this process: one, like stdout and structlog's configuration.
+_sink: LineSink | None = None
+_atexit_registered = False
+
+
+def _install_sink(sink: LineSink) -> None:
+    global _sink, _atexit_registered  # noqa: PLW0603 - one per process, as the stdout it writes to
+    _sink = sink
+    if not _atexit_registered:
+        # Registered at start-up: atexit runs it after the handlers registered later (which may log).
+        atexit.register(_close_sink)
+        _atexit_registered = True
+
+
+def _close_sink() -> None:
+    """Write out what the sink holds (bounded wait) and stop its thread; nothing without a sink."""
+    global _sink
+    sink, _sink = _sink, None
+    if sink is not None:
+        sink.close()
+
+
+def flush_logs(timeout: float | None = None) -> bool:
+    """Wait (at most ``timeout`` s, default ``logsink.CLOSE_TIMEOUT``) until queued lines are written.
+
+    True at once without a background sink (lines are written as they come).
+    """
+    sink = _sink
+    if sink is None:
+        return True
+    return sink.flush() if timeout is None else sink.flush(timeout)
+
+
+def count_dropped_lines(add: Callable[[int], object]) -> None:
+    """``add(n)`` for lines the background sink drops (buffer full, write errors); those so far at once.
+
+    The serving processes pass their ``webhook_gateway_log_lines_dropped_total`` counter's ``inc``. It
+    is called from whichever thread logs, or the sink's writer thread, always under the sink's lock.
+    """
+    if _sink is not None:
+        _sink.count_drops(add)
+
+
+class _SinkBytesLogger:
+    """structlog's ``BytesLogger`` interface: each JSON line (bytes) is handed to the sink.
+
+    Every level method is the sink's ``write`` itself (no wrapper call on the hot path).
+    """
+
+    __slots__ = (
+        "critical", "debug", "err", "error", "exception", "failure", "fatal", "info", "log", "msg",
+        "warn", "warning",
+    )  # fmt: skip
+    critical: Callable[[bytes], None]
+    debug: Callable[[bytes], None]
+    err: Callable[[bytes], None]
+    error: Callable[[bytes], None]
+    exception: Callable[[bytes], None]
+    failure: Callable[[bytes], None]
+    fatal: Callable[[bytes], None]
+    info: Callable[[bytes], None]
+    log: Callable[[bytes], None]
+    msg: Callable[[bytes], None]
+    warn: Callable[[bytes], None]
+    warning: Callable[[bytes], None]
+
+    def __init__(self, sink: LineSink) -> None:
+        for name in self.__slots__:
+            setattr(self, name, sink.write)
+
+
+class _SinkTextLogger:
+    """structlog's ``PrintLogger`` interface: each console line (text) is encoded as the stream would."""
+
+    __slots__ = ("_encoding", "_errors", "_write")
+
+    def __init__(self, sink: LineSink, encoding: str, errors: str) -> None:
+        self._write = sink.write
+        self._encoding = encoding
+        self._errors = errors
+
+    def msg(self, message: str) -> None:
+        self._write(message.encode(self._encoding, self._errors))
+
+    log = debug = info = warn = warning = msg
+    fatal = failure = err = error = critical = exception = msg
+
+
+class _SinkLoggerFactory:
+    __slots__ = ("_logger",)
+
+    def __init__(self, logger: _SinkBytesLogger | _SinkTextLogger) -> None:
+        self._logger = logger
+
+    def __call__(self, *args: Any) -> _SinkBytesLogger | _SinkTextLogger:
+        return self._logger
+
+
+DROPPED_EVENT: Final = "log lines dropped"
+
+
+def _dropped_notice(processors: list[Processor]) -> Callable[[int, dict[str, Any]], bytes]:
+    """The sink's notice: a warning line rendered by the chain in force (JSON or console)."""
+
+    def notice(count: int, context: dict[str, Any]) -> bytes:
+        # The fields, then the logging context where the lines were dropped (as merge_contextvars adds it).
+        event: Any = {"event": DROPPED_EVENT, "dropped": count}
+        for key, value in context.items():
+            event.setdefault(key, value)
+        for processor in processors[1:]:  # not merge_contextvars: the context is given
+            event = processor(None, "warning", event)
+        return event if isinstance(event, bytes) else str(event).encode("utf-8", "replace")
+
+    return notice
 
 
 def _binary(stream: TextIO) -> BinaryIO:

@@ -424,6 +424,17 @@ class Metrics:
         )  # fmt: skip
         self.inbound_source: Callable[[], int] | None = None
 
+        # --- [GW] the gateway's own log output (observability/logsink.py) --------------------------
+        # Incremented by the log sink (``logs.count_dropped_lines``), from the thread that logs or the
+        # sink's writer thread, under the sink's lock: the only child not updated on the trio thread.
+        self.log_lines_dropped = _counter(
+            "log_lines_dropped_total",
+            "Log lines not written: stdout was not read fast enough (more than 8 MiB of lines waiting) "
+            "or writing failed (reader gone). Where lines are missing, the log says how many in a "
+            '"log lines dropped" line.',
+            (),
+        )  # fmt: skip
+
         self.families: tuple[Family[CounterChild] | Family[GaugeChild] | Family[HistogramChild], ...] = (
             self.webhook_duration, self.webhook_requests, self.webhook_rejections, self.webhook_fail_open,
             self.condition_errors, self.condition_exclusions, self.condition_seconds, self.step_duration,
@@ -432,6 +443,7 @@ class Metrics:
             self.review_overhead, self.reviews_in_flight, self.config_generation, self.config_last_reload_ok,
             self.backend_timeout, self.serving_certificate_expiry,
             self.inbound_closed, self.inbound_rejected, self.h2_goaways, self.certificate_reloads,
+            self.log_lines_dropped,
         )  # fmt: skip
         self._init_conversion()
         self._init_resilience()
@@ -459,6 +471,7 @@ class Metrics:
             self.h2_goaways.labels(reason)
         for result in ("success", "failure"):
             self.certificate_reloads.labels(result)
+        self.log_lines_dropped.labels()
 
         # Hot-path caches: every child a review or an invocation updates, fetched with one dict lookup.
         # Children are still created on first use, in the same order (``labels`` creates them), so the

@@ -424,7 +424,7 @@ class WorkerSpec(msgspec.Struct):
 
 def worker_main() -> int:
     """Entry point of a worker process (started by the supervisor, ``_WORKER_ENTRY``)."""
-    from gateway.observability import configure_logging
+    from gateway.observability import configure_logging, count_dropped_lines
 
     spec = msgspec.json.decode(os.environ.pop(SPEC_ENV), type=WorkerSpec)
     options = replace(
@@ -433,12 +433,15 @@ def worker_main() -> int:
         metrics_bind=f"fd://{spec.metrics_fd}" if spec.metrics_fd is not None else None,
         workers=1,
     )
-    configure_logging(options.log_level, options.log_format)
+    # Through a writer thread, in writes the other processes' lines cannot tear (observability/logsink.py).
+    configure_logging(options.log_level, options.log_format, background=True, shared=True)
     structlog.contextvars.bind_contextvars(worker=spec.slot)
     run = RunDirectory(Path(spec.run_dir), spec.workers)
     metrics = None if options.no_metrics else Metrics()
     if metrics is not None and (previous := run.read_snapshot(spec.slot)) is not None:
         merge(metrics, [previous], gauges=False)  # totals continue where the last worker stopped
+    if metrics is not None:
+        count_dropped_lines(metrics.log_lines_dropped.labels().inc)
     observer = WorkerObservability(
         run,
         spec.slot,
@@ -568,7 +571,7 @@ def supervise(options: ServeSettings, workers: int) -> int:
     """Run ``workers`` gateway processes until SIGTERM/SIGINT; the process exit code."""
     from gateway.observability import configure_logging
 
-    configure_logging(options.log_level, options.log_format)
+    configure_logging(options.log_level, options.log_format, background=True, shared=True)
     raise_nofile_limit()  # as a single process does; the workers inherit the raised limit
     main = _listen(options.bind)  # ListenError: the command prints it as one line
     try:
