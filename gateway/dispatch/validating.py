@@ -106,8 +106,7 @@ async def validate(
         else:
             outcomes[i] = admitted
 
-    if len(pending) == 1:  # nothing to run concurrently: spare the nursery and its task
-        i, hook, mode, admission, started = pending[0]
+    async def run(i: int, hook: Webhook, mode: BackendMode, admission: Admission, started: float) -> None:
         outcomes[i] = await _call(
             backends,
             hook,
@@ -119,21 +118,10 @@ async def validate(
             position=i,
             deadline=deadline,
         )
+
+    if len(pending) == 1:  # nothing to run concurrently: spare the nursery and its task
+        await run(*pending[0])
     elif pending:
-
-        async def run(i: int, hook: Webhook, mode: BackendMode, admission: Admission, started: float) -> None:
-            outcomes[i] = await _call(
-                backends,
-                hook,
-                inbound,
-                attrs,
-                mode=mode,
-                admission=admission,
-                started=started,
-                position=i,
-                deadline=deadline,
-            )
-
         async with trio.open_nursery() as nursery:
             for call in pending[1:]:
                 nursery.start_soon(run, *call)
