@@ -110,9 +110,9 @@ class ChainObject:
         self, hook: Webhook, ops: list[Any], raw: bytes, at: Invocation, resp: Any, *, commit: bool
     ) -> Outcome:
         """MUT-06..12: apply all-or-nothing to the current object; internal errors deny with 500."""
-        if is_null(self.attrs.object):  # MUT-06: DELETE carries no object to modify
-            return PatchFailed(at, resp, status.patch_on_delete_status(hook.name))
-        if self.doc is None:
+        if self.doc is None:  # the first patch of the chain (later ones have the decoded object)
+            if is_null(self.attrs.object):  # MUT-06: DELETE carries no object to modify
+                return PatchFailed(at, resp, status.patch_on_delete_status(hook.name))
             self.inbound_doc = decode_nested(_decoder, self.attrs.object)  # type: ignore[arg-type]
             self.doc = self.inbound_doc
         # Nothing below changes the chain until the very end, so a RecursionError can be retried.
