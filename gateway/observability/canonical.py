@@ -138,6 +138,7 @@ def review_fields(
     built as literals and milliseconds inline (the field order is the line's; golden-tested).
     """
     fields: dict[str, Any]
+    decision = decision_of(verdict)
     if inbound is not None:
         attrs = inbound.attributes
         fields = {
@@ -153,12 +154,12 @@ def review_fields(
             fields["name"] = attrs.name
         if attrs.dry_run:
             fields["dry_run"] = True
-        fields["decision"] = "error" if verdict is None else ("allowed" if verdict.allowed else "denied")
+        fields["decision"] = decision
         fields["code"] = code
     else:
         fields = {
             "endpoint": endpoint,
-            "decision": "error" if verdict is None else ("allowed" if verdict.allowed else "denied"),
+            "decision": decision,
             "code": code,
         }
     report = verdict.report if verdict is not None else None
