@@ -76,7 +76,7 @@ from hypercorn.trio import tcp_server
 from hypercorn.trio.task_group import TaskGroup, _handle
 from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 from hypercorn.typing import ConnectionState
-from hypercorn.utils import build_and_validate_headers, parse_socket_addr, suppress_body
+from hypercorn.utils import build_and_validate_headers, parse_socket_addr, suppress_body, valid_server_name
 
 from gateway.server.hypercorn_version import check_version
 from gateway.server.limits import ControlFrameBudget, InboundLimits, InboundRuntime
@@ -260,7 +260,6 @@ class GatewayH11Protocol(H11Protocol):
 
     async def _handle_events(self) -> None:
         connection = self.connection
-        stream: Any = None
         pending: bytes | None = None  # a body chunk held back: is the end of the body next?
         while True:
             if connection.they_are_waiting_for_100_continue:
@@ -270,8 +269,8 @@ class GatewayH11Protocol(H11Protocol):
             try:
                 event = connection.next_event()
             except h11.RemoteProtocolError as error:
-                if pending is not None and self.stream is not None:
-                    await self.stream.handle(Body(stream_id=STREAM_ID, data=pending))
+                if pending is not None:
+                    await self._pass_body(pending, end=False)
                 if connection.our_state in {h11.IDLE, h11.SEND_RESPONSE}:
                     await self._send_error_response(error.error_status_hint)
                 await self.send(Closed())
@@ -283,16 +282,16 @@ class GatewayH11Protocol(H11Protocol):
                 pending = bytes(event.data)  # type: ignore[union-attr]
                 continue
             if pending is not None:
-                await self._pass_body(pending, end=kind is h11.EndOfMessage)
-                ended, pending = kind is h11.EndOfMessage, None
+                ended, body, pending = kind is h11.EndOfMessage, pending, None
+                await self._pass_body(body, end=ended)
                 if ended:
                     continue
-            if kind is h11.Request:
+            if isinstance(event, h11.Request):
                 await self.send(Updated(idle=False))
-                stream = self._ordinary_stream(event)  # type: ignore[arg-type]
+                stream = self._ordinary_stream(event)
                 if stream is None:  # an upgrade or the HTTP/2 preface: hypercorn's own path
-                    await self._check_protocol(event)  # type: ignore[arg-type]
-                    await self._create_stream(event)  # type: ignore[arg-type]
+                    await self._check_protocol(event)
+                    await self._create_stream(event)
                 else:
                     self.stream = stream
                     await stream.start(event)
@@ -426,7 +425,7 @@ class GatewayHTTPStream(HTTPStream):
             "state": self.protocol.connection_state.copy(),  # type: ignore[typeddict-item]
             "extensions": {},
         }
-        if config.server_names and not _host_allowed(config, headers):
+        if not valid_server_name(config, request):  # type: ignore[arg-type]  # reads .headers only
             await self._send_error_response(404)
             self.closed = True
             return
@@ -460,7 +459,7 @@ class GatewayHTTPStream(HTTPStream):
                 body = b"" if suppress_body(self.scope["method"], status) else bytes(message.get("body", b""))
                 await self.protocol.finish_response(status, list(self.response.get("headers", ())), body)
                 self.state = ASGIHTTPState.CLOSED
-                if config_logs_access(self.config):
+                if self.config.accesslog is not None:  # hypercorn's own access log (off in the gateway)
                     await self.config.log.access(self.scope, self.response, time() - self.start_time)
                 await self.send(StreamClosed(stream_id=self.stream_id))
                 return
@@ -474,19 +473,6 @@ class GatewayHTTPStream(HTTPStream):
                 )
             )
         await super().app_send(message)
-
-
-def config_logs_access(config: Any) -> bool:
-    """Whether hypercorn writes an access log line (the gateway's canonical line replaces it)."""
-    return config.accesslog is not None
-
-
-def _host_allowed(config: Any, headers: list[tuple[bytes, bytes]]) -> bool:
-    """hypercorn's ``server_names`` check, on the scope's headers."""
-    for name, value in headers:
-        if name.lower() == b"host":
-            return value.decode() in config.server_names
-    return "" in config.server_names
 
 
 # --- crash fixes + protection: HTTP/2 -------------------------------------------------------------
