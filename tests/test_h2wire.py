@@ -920,18 +920,13 @@ async def test_calls_over_tls_write_directly_or_through_the_writer(
     import trustme
 
     from gateway.wire.tls_stream import TLSSocketStream
-    from tests.support.httpservers import server_context
+    from tests.support.httpservers import server_context, tcp_pair
 
     ca = trustme.CA()
     server_ctx = server_context(ca, "localhost", alpn=("h2",))
     client_ctx = ssl_client_context(ca)
-    listener = trio.socket.socket()
-    await listener.bind(("127.0.0.1", 0))
-    listener.listen(1)
-    tcp = await trio.open_tcp_stream("127.0.0.1", listener.getsockname()[1])
-    accepted, _ = await listener.accept()
-    listener.close()
-    server_tls = TLSSocketStream(trio.SocketStream(accepted), server_ctx, server_side=True)
+    tcp, accepted = await tcp_pair()
+    server_tls = TLSSocketStream(accepted, server_ctx, server_side=True)
     client_tls = TLSSocketStream(tcp, client_ctx, server_hostname="localhost")
     body = os.urandom(body_size)
     received: list[bytes] = []

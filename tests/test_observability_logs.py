@@ -991,6 +991,25 @@ GOLDEN: dict[str, bytes] = {  # written by the code before the canonical line ha
 }
 
 
+def _observe_golden(case: str, context: bool) -> bytes:
+    """Observe the golden ``case`` (with a worker context variable if ``context``); the bytes due."""
+    obs, kw = _golden_case(case)
+    trace = ("1" * 32, "01") if case == "one backend, allowed, trace bound" else None
+    token = current_trace.set(trace)
+    structlog.contextvars.clear_contextvars()
+    if context:
+        structlog.contextvars.bind_contextvars(worker=2)
+    try:
+        observe(obs, "mutating" if case.startswith(("mutating", "log bodies")) else "validating", **kw)
+    finally:
+        structlog.contextvars.clear_contextvars()
+        current_trace.reset(token)
+    expected = GOLDEN[case]
+    if context:  # with --workers every line carries the worker's context variable after its fields
+        expected = b"\n".join(line[:-1] + b',"worker":2}' for line in expected.splitlines()) + b"\n"
+    return expected
+
+
 @pytest.mark.parametrize("context", [False, True], ids=["", "with a bound structlog context variable"])
 @pytest.mark.parametrize("case", list(GOLDEN))
 def test_golden_lines(
@@ -1004,20 +1023,7 @@ def test_golden_lines(
 
     monkeypatch.setattr(logs, "datetime", FROZEN_CLOCK)
     configure_logging("info", "json", stream=output)
-    obs, kw = _golden_case(case)
-    trace = ("1" * 32, "01") if case == "one backend, allowed, trace bound" else None
-    token = current_trace.set(trace)
-    structlog.contextvars.clear_contextvars()
-    if context:
-        structlog.contextvars.bind_contextvars(worker=2)
-    try:
-        observe(obs, "mutating" if case.startswith(("mutating", "log bodies")) else "validating", **kw)
-    finally:
-        structlog.contextvars.clear_contextvars()
-        current_trace.reset(token)
-    expected = GOLDEN[case]
-    if context:
-        expected = b"\n".join(line[:-1] + b',"worker":2}' for line in expected.splitlines()) + b"\n"
+    expected = _observe_golden(case, context)
     assert _text(output).encode() == expected
 
 
@@ -1135,20 +1141,7 @@ def test_background_output_writes_the_golden_bytes(
     monkeypatch.setattr(logs, "datetime", FROZEN_CLOCK)
     configure_logging("info", "json", stream=stream, background=True)
     assert logs.EventWriter(structlog.get_logger("gateway.review").bind())._encode is not None
-    obs, kw = _golden_case(case)
-    trace = ("1" * 32, "01") if case == "one backend, allowed, trace bound" else None
-    token = current_trace.set(trace)
-    structlog.contextvars.clear_contextvars()
-    if context:
-        structlog.contextvars.bind_contextvars(worker=2)
-    try:
-        observe(obs, "mutating" if case.startswith(("mutating", "log bodies")) else "validating", **kw)
-    finally:
-        structlog.contextvars.clear_contextvars()
-        current_trace.reset(token)
-    expected = GOLDEN[case]
-    if context:
-        expected = b"\n".join(line[:-1] + b',"worker":2}' for line in expected.splitlines()) + b"\n"
+    expected = _observe_golden(case, context)
     assert _read_pipe(read_end) == expected
 
 

@@ -12,9 +12,9 @@ import h11
 import pytest
 import trio
 from hypercorn.config import Config
-from hypercorn.trio import serve
 
 from gateway.server import hypercorn_fixes
+from tests.support.inbound import serve_asgi
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -64,20 +64,6 @@ class RecordingApp:
             await send({"type": "http.response.body", "body": reply[10:]})
         else:
             await send({"type": "http.response.body", "body": reply})
-
-
-async def _serve(nursery: trio.Nursery, app: RecordingApp, **settings: Any) -> tuple[int, trio.Event]:
-    hypercorn_fixes.install()
-    cfg = Config()
-    cfg.bind = ["127.0.0.1:0"]
-    cfg.accesslog = None
-    for name, value in settings.items():
-        setattr(cfg, name, value)
-    stop = trio.Event()
-    urls: list[str] = await nursery.start(
-        lambda task_status: serve(app, cfg, shutdown_trigger=stop.wait, task_status=task_status)
-    )  # type: ignore[arg-type]
-    return int(urls[0].rsplit(":", 1)[1]), stop
 
 
 Reply = tuple[int, dict[bytes, bytes], bytes]
@@ -207,7 +193,7 @@ async def test_http11_request_shapes(
     received: list[tuple[bytes, bool]],
 ) -> None:
     app = RecordingApp()
-    port, stop = await _serve(nursery, app)
+    port, stop = await serve_asgi(nursery, app)
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     data = b"".join(_encode(r) for r in requests)
     parts = [data[: len(data) - cut] for cut in cuts[:1]] + [data[len(data) - cut :] for cut in cuts[:1]] or [
@@ -232,7 +218,7 @@ async def test_http11_request_shapes(
 async def test_the_scope_is_the_one_hypercorn_builds(nursery: trio.Nursery) -> None:
     """Every key and value of hypercorn's HTTP/1.1 scope, for a path with a query and an escape."""
     app = RecordingApp()
-    port, stop = await _serve(nursery, app)
+    port, stop = await serve_asgi(nursery, app)
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     await stream.send_all(_encode(_post("/wh%6Fle?timeout=10s&x=1", b"{}", ("x-trace", "A b"))))
     await _read_replies(stream, [WHOLE])
@@ -260,7 +246,7 @@ async def test_the_scope_is_the_one_hypercorn_builds(nursery: trio.Nursery) -> N
 
 async def test_an_unknown_host_gets_404_when_server_names_are_set(nursery: trio.Nursery) -> None:
     app = RecordingApp()
-    port, stop = await _serve(nursery, app, server_names=["gateway.example"])
+    port, stop = await serve_asgi(nursery, app, server_names=["gateway.example"])
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     await stream.send_all(_encode(WHOLE))
     [(status, _, _)] = await _read_replies(stream, [WHOLE])

@@ -12,10 +12,9 @@ from typing import Any
 import h11
 import pytest
 import trio
-from hypercorn.config import Config
-from hypercorn.trio import serve
 
 from gateway.server import hypercorn_fixes
+from tests.support.inbound import serve_asgi
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -62,19 +61,6 @@ class App:
             }
         )
         await send({"type": "http.response.body", "body": reply})
-
-
-async def _serve(nursery: trio.Nursery, app: App, keep_alive: float) -> tuple[int, trio.Event]:
-    hypercorn_fixes.install()
-    cfg = Config()
-    cfg.bind = ["127.0.0.1:0"]
-    cfg.keep_alive_timeout = keep_alive
-    cfg.accesslog = None
-    stop = trio.Event()
-    urls: list[str] = await nursery.start(
-        lambda task_status: serve(app, cfg, shutdown_trigger=stop.wait, task_status=task_status)
-    )  # type: ignore[arg-type]
-    return int(urls[0].rsplit(":", 1)[1]), stop
 
 
 async def _request(stream: trio.SocketStream, conn: h11.Connection, path: str) -> tuple[int, bytes]:
@@ -133,7 +119,7 @@ async def test_keep_alive_idle_timeout(
 ) -> None:
     """The idle timer closes idle connections only, and never one with a request in flight."""
     app = App()
-    port, stop = await _serve(nursery, app, keep_alive)
+    port, stop = await serve_asgi(nursery, app, keep_alive_timeout=keep_alive)
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     conn = h11.Connection(h11.CLIENT)
     for path in paths:
@@ -148,7 +134,7 @@ async def test_keep_alive_idle_timer_counts_from_the_last_request_not_the_first(
 ) -> None:
     """keep-alive: a connection in steady use outlives many idle periods; it closes one period after its last request."""
     app = App()
-    port, stop = await _serve(nursery, app, 0.3)
+    port, stop = await serve_asgi(nursery, app, keep_alive_timeout=0.3)
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     conn = h11.Connection(h11.CLIENT)
     for _ in range(8):  # 1.2 s of use, never idle for 0.3 s
@@ -164,7 +150,7 @@ async def test_keep_alive_idle_timer_counts_from_the_last_request_not_the_first(
 async def test_shutdown_closes_idle_connections(nursery: trio.Nursery) -> None:
     """A terminating server closes an idle keep-alive connection at once, not after the timeout."""
     app = App()
-    port, stop = await _serve(nursery, app, 60.0)
+    port, stop = await serve_asgi(nursery, app, keep_alive_timeout=60.0)
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     conn = h11.Connection(h11.CLIENT)
     assert (await _request(stream, conn, "/sleep/0"))[0] == 200
@@ -176,7 +162,7 @@ async def test_shutdown_closes_idle_connections(nursery: trio.Nursery) -> None:
 async def test_caller_going_away_is_reported_to_the_queue(nursery: trio.Nursery) -> None:
     """A caller that disconnects mid-request triggers ``on_disconnect`` without the app reading."""
     app = App()
-    port, stop = await _serve(nursery, app, 5.0)
+    port, stop = await serve_asgi(nursery, app, keep_alive_timeout=5.0)
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     conn = h11.Connection(h11.CLIENT)
     data = conn.send(
@@ -196,7 +182,7 @@ async def test_caller_going_away_is_reported_to_the_queue(nursery: trio.Nursery)
 async def test_head_without_body_is_still_sent(nursery: trio.Nursery) -> None:
     """An app that sends a response head and no body still gets its head written (204)."""
     app = App()
-    port, stop = await _serve(nursery, app, 5.0)
+    port, stop = await serve_asgi(nursery, app, keep_alive_timeout=5.0)
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     conn = h11.Connection(h11.CLIENT)
     assert await _request(stream, conn, "/nobody/0") == (204, b"")
@@ -207,7 +193,7 @@ async def test_head_without_body_is_still_sent(nursery: trio.Nursery) -> None:
 async def test_shutdown_waits_for_the_request_in_flight(nursery: trio.Nursery) -> None:
     """A server that starts terminating during a request answers it, then closes the connection."""
     app = App()
-    port, stop = await _serve(nursery, app, 60.0)
+    port, stop = await serve_asgi(nursery, app, keep_alive_timeout=60.0)
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     conn = h11.Connection(h11.CLIENT)
     async with trio.open_nursery() as inner:

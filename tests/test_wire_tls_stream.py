@@ -20,6 +20,7 @@ import trio
 import trustme
 
 from gateway.wire.tls_stream import TLSSocketStream, stream_socket
+from tests.support.httpservers import tcp_pair
 
 
 @dataclass
@@ -44,20 +45,10 @@ def _contexts(ca: trustme.CA, *, client_trusts: bool = True) -> tuple[ssl.SSLCon
     return server_ctx, client_ctx
 
 
-async def _tcp_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
-    listener = trio.socket.socket()
-    await listener.bind(("127.0.0.1", 0))
-    listener.listen(1)
-    client = await trio.open_tcp_stream("127.0.0.1", listener.getsockname()[1])
-    accepted, _ = await listener.accept()
-    listener.close()
-    return client, trio.SocketStream(accepted)
-
-
 @pytest.fixture
 async def pair(ca: trustme.CA) -> AsyncIterator[Pair]:
     server_ctx, client_ctx = _contexts(ca)
-    client_tcp, server_tcp = await _tcp_pair()
+    client_tcp, server_tcp = await tcp_pair()
     p = Pair(
         TLSSocketStream(client_tcp, client_ctx, server_hostname="localhost"),
         TLSSocketStream(server_tcp, server_ctx, server_side=True),
@@ -178,7 +169,7 @@ async def test_an_untrusted_certificate_fails_the_handshake_as_broken_with_the_v
     ca: trustme.CA,
 ) -> None:
     server_ctx, client_ctx = _contexts(ca, client_trusts=False)
-    client_tcp, server_tcp = await _tcp_pair()
+    client_tcp, server_tcp = await tcp_pair()
     client = TLSSocketStream(client_tcp, client_ctx, server_hostname="localhost")
     server = TLSSocketStream(server_tcp, server_ctx, server_side=True)
     failures: dict[str, BaseException] = {}

@@ -51,6 +51,17 @@ class SeenRequest:
         return self.target.split("?", 1)[0]
 
 
+async def tcp_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
+    """Both ends of one TCP connection on 127.0.0.1: (the connecting end, the accepted end)."""
+    listener = trio.socket.socket()
+    await listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    client = await trio.open_tcp_stream("127.0.0.1", listener.getsockname()[1])
+    accepted, _ = await listener.accept()
+    listener.close()
+    return client, trio.SocketStream(accepted)
+
+
 def server_context(
     ca: trustme.CA,
     *identities: str,

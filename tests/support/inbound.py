@@ -24,6 +24,27 @@ DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH, PING, GOAWAY, WINDOW_UPDATE
 ENHANCE_YOUR_CALM = 0xB
 
 
+async def serve_asgi(nursery: trio.Nursery, app: Any, **settings: Any) -> tuple[int, trio.Event]:
+    """``app`` served by hypercorn with the gateway's patches on 127.0.0.1 (hypercorn's own ``serve``
+    and a plain ``Config`` with ``settings``); its port, and the event that stops it."""
+    from hypercorn.config import Config
+    from hypercorn.trio import serve as hypercorn_serve
+
+    from gateway.server import hypercorn_fixes
+
+    hypercorn_fixes.install()
+    cfg = Config()
+    cfg.bind = ["127.0.0.1:0"]
+    cfg.accesslog = None
+    for name, value in settings.items():
+        setattr(cfg, name, value)
+    stop = trio.Event()
+    urls: list[str] = await nursery.start(
+        lambda task_status: hypercorn_serve(app, cfg, shutdown_trigger=stop.wait, task_status=task_status)
+    )  # type: ignore[arg-type]
+    return int(urls[0].rsplit(":", 1)[1]), stop
+
+
 def frame(kind: int, flags: int = 0, stream: int = 0, payload: bytes = b"") -> bytes:
     """One raw HTTP/2 frame."""
     return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
