@@ -87,7 +87,7 @@ class Target:
         seconds = timeout_ceiling(timeout_seconds)
         found = self._wire_targets.get(seconds)
         if found is None:
-            found = f"{self.path}?timeout={go_duration(seconds)}".encode()
+            found = self.request_target(seconds).encode()
             if len(self._wire_targets) < _WIRE_TARGETS_KEPT:
                 self._wire_targets[seconds] = found
         return found
