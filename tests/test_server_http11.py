@@ -175,6 +175,27 @@ CASES = [
         id="two pipelined requests in one write are answered in order",
     ),
     pytest.param(
+        [WHOLE, _post("/whole", b"two")],
+        [len(_encode(_post("/whole", b"two"))) + 300],
+        [(200, b"echo:" + BODY), (200, b"echo:two")],
+        [(BODY[:-300], True), (BODY[-300:], False)],
+        id="the end of a body and the next request in one write are answered in order",
+    ),
+    pytest.param(
+        [_post("/stream", BODY[:5]), _post("/whole", BODY)],
+        [len(_encode(_post("/whole", BODY)))],
+        [(200, b"echo:" + BODY[:5]), (200, b"echo:" + BODY)],
+        [(BODY[:5], False)],
+        id="after a reply the app streamed, the next request on the connection is answered",
+    ),
+    pytest.param(
+        [_post("/whole", BODY, ("expect", "100-continue"))],
+        [],
+        [(200, b"echo:" + BODY)],
+        [(BODY, False)],
+        id="a request that expects 100-continue is answered",
+    ),
+    pytest.param(
         [_post("/whole", BODY, ("upgrade", "something"))],
         [],
         [(200, b"echo:" + BODY)],
@@ -252,6 +273,40 @@ async def test_an_unknown_host_gets_404_when_server_names_are_set(nursery: trio.
     [(status, _, _)] = await _read_replies(stream, [WHOLE])
     assert status == 404
     assert app.scopes == []  # the app never ran
+    await stream.aclose()
+    stop.set()
+
+
+@pytest.mark.parametrize(
+    ("settings", "extra", "closes_after"),
+    [
+        pytest.param(
+            {"keep_alive_max_requests": 2},
+            (),
+            2,
+            id="the last request a connection may carry is answered, then it closes",
+        ),
+        pytest.param(
+            {},
+            (("connection", "close"),),
+            1,
+            id="a request with Connection close is answered, then the connection closes",
+        ),
+    ],
+)
+async def test_connection_close_ends_the_connection_after_the_reply(
+    nursery: trio.Nursery, settings: dict[str, Any], extra: tuple[tuple[str, str], ...], closes_after: int
+) -> None:
+    port, stop = await serve_asgi(nursery, RecordingApp(), **settings)
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    request = _post("/whole", b"x", *extra)
+    for n in range(1, closes_after + 1):
+        await stream.send_all(_encode(request))
+        [(status, headers, body)] = await _read_replies(stream, [request])
+        assert (status, body) == (200, b"echo:x")
+        assert (headers.get(b"connection") == b"close") == (n == closes_after)
+    with trio.fail_after(5):
+        assert await stream.receive_some(100) == b""  # the server closed it
     await stream.aclose()
     stop.set()
 

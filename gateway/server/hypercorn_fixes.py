@@ -38,7 +38,8 @@ control-frame budget (GOAWAY ENHANCE_YOUR_CALM).
 - ``_Watchdog`` moves the deadline of one timer task per connection instead of cancelling a task
   and starting a new one (under a lock, with ``nursery.start``) twice per request.
 - ``GatewayH11Protocol`` writes an HTTP/1.1 response head together with its body (one TLS record,
-  one ``send``) and skips the empty write of a Content-Length message's end (about 30 µs).
+  one ``send``) and skips the empty write of a Content-Length message's end (about 30 µs); a plain
+  request and its whole reply bypass h11's state machine (``http11_fast``, checked against h11).
 
 None of them changes what goes over the wire beyond how the same bytes are split into writes,
 except where a limit closes a connection.
@@ -50,7 +51,7 @@ import contextlib
 import dataclasses
 import math
 from collections import deque
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from functools import partial
 from time import time
 from typing import Any, Final
@@ -78,6 +79,7 @@ from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import build_and_validate_headers, parse_socket_addr, suppress_body, valid_server_name
 
+from gateway.server.http11_fast import PlainRequest, closes, frame_reply, parse_plain_request
 from gateway.server.hypercorn_version import check_version
 from gateway.server.limits import ControlFrameBudget, InboundLimits, InboundRuntime
 from gateway.server.timeouts import caller_timeout
@@ -241,22 +243,122 @@ class GatewayTaskGroup(TaskGroup):
 # --- speed + protection: HTTP/1.1 -----------------------------------------------------------------
 
 
-class GatewayH11Protocol(H11Protocol):
-    """HTTP/1.1 with the per-request work cut (h11 still parses, frames and keeps the state).
+class _FastExchange:
+    """A request/response exchange on the fast path (``http11_fast``): what h11 has not seen."""
 
-    - The request head is looked at once (hypercorn walks the headers twice, for an upgrade and
-      for a WebSocket), and an ordinary request goes straight to a ``GatewayHTTPStream``;
-      upgrades (h2c, WebSocket) and the HTTP/2 preface take hypercorn's own path.
-    - A body that arrives whole reaches the app as one message instead of a chunk and an empty end.
-    - A response the app sends whole (head, then one final body) leaves as one write: head, body
-      and end of message framed by h11 together (``finish_response``). The head goes out with the
-      first body bytes in every other case too.
+    __slots__ = ("body_left", "body_seen", "closing", "head", "replied")
+
+    def __init__(self, head: bytes, body_seen: int, body_left: int) -> None:
+        self.head = head  # the request head's bytes, for handing the exchange to h11
+        self.body_seen = body_seen
+        self.body_left = body_left
+        self.replied = False  # the whole reply went out on the fast path
+        self.closing = False  # ... with Connection: close, or before the request body was in
+
+
+class GatewayH11Protocol(H11Protocol):
+    """HTTP/1.1 with the per-request work cut.
+
+    - **The fast path.** A plain request (``http11_fast``: the shape kube-apiserver sends) that
+      starts a read on an idle connection is parsed without h11, and its reply, when the app sends
+      it whole with its length, is framed without h11 too; h11 stays idle throughout. Whatever
+      else happens in such an exchange (a streamed reply, an error reply, a pipelined request)
+      first hands it to h11 (``_to_h11``: h11 is given the head and the body's length, as if it
+      had read them) and continues on the ordinary path below.
+    - **The ordinary path.** The request head is looked at once (hypercorn walks the headers
+      twice, for an upgrade and for a WebSocket), and an ordinary request goes straight to a
+      ``GatewayHTTPStream``; upgrades (h2c, WebSocket) and the HTTP/2 preface take hypercorn's own
+      path. A body that arrives whole reaches the app as one message instead of a chunk and an
+      empty end. A response the app sends whole leaves as one write (``finish_response``); the head
+      goes out with the first body bytes in every other case too.
 
     While the server drains, every response carries ``Connection: close`` so that callers move to
     another replica.
     """
 
     _held = b""
+    _exchange: _FastExchange | None = None
+    _gone = False  # a fast exchange closed the connection
+
+    async def handle(self, event: Any) -> None:
+        if type(event) is RawData:
+            exchange = self._exchange
+            if exchange is not None:
+                await self._fast_data(exchange, event.data)
+                return
+            if self._fast_ready():
+                request = parse_plain_request(event.data)
+                if request is not None:
+                    await self._fast_request(request, event.data)
+                    return
+        await super().handle(event)
+
+    def _fast_ready(self) -> bool:
+        """True when h11 is idle with nothing buffered: the next bytes start a new request."""
+        connection = self.connection
+        return (
+            self.stream is None
+            and type(connection) is h11.Connection
+            and connection.our_state is h11.IDLE
+            and connection.their_state is h11.IDLE
+            and not connection._receive_buffer  # h11 0.16 (pinned); a pipelined rest is h11's
+            and not self._gone
+        )
+
+    async def _fast_request(self, request: PlainRequest, data: bytes) -> None:
+        body = request.body
+        self._exchange = _FastExchange(data[: len(data) - len(body)], len(body), request.body_left)
+        await self.send(Updated(idle=False))
+        stream = GatewayHTTPStream(self)
+        self.stream = stream
+        headers = request.headers
+        scope_headers = request.raw_headers if self.config.h11_pass_raw_headers else headers
+        await stream.start(request.method, request.target, b"1.1", headers, scope_headers)
+        self.keep_alive_requests += 1
+        await self.context.mark_request()
+        await stream.body(body, end=request.body_left == 0)
+
+    async def _fast_data(self, exchange: _FastExchange, data: bytes) -> None:
+        """More bytes during a fast exchange: the rest of its body, then perhaps a next request."""
+        take = min(len(data), exchange.body_left)
+        if take:
+            exchange.body_left -= take
+            exchange.body_seen += take
+            await self._pass_body(data if take == len(data) else data[:take], end=exchange.body_left == 0)
+        if take == len(data):
+            return
+        # A next request before this exchange ended (pipelining): like h11 (PAUSED), read nothing
+        # more until the reply is out, then take the request as if it had just arrived.
+        await self.can_read.clear()
+        await self.can_read.wait()
+        if not self._gone:
+            await self.handle(RawData(data=data[take:]))
+
+    def _to_h11(self, exchange: _FastExchange) -> None:
+        """Hand a fast exchange to h11 (before its reply): h11 reads the head and the body so far.
+
+        The body's bytes are stood in for by zeros: for a Content-Length body h11 only counts them,
+        and the app has the real ones already.
+        """
+        self._exchange = None
+        connection = self.connection
+        connection.receive_data(exchange.head + bytes(exchange.body_seen))
+        while connection.next_event() not in (h11.NEED_DATA, h11.PAUSED):
+            pass
+
+    async def _fast_recycle(self, exchange: _FastExchange) -> None:
+        """The fast exchange's reply is out and its stream closed: keep the connection or end it."""
+        self._exchange = None
+        await self._close_stream()
+        if exchange.closing or self.context.terminated.is_set():
+            self._gone = True
+            await self.can_read.set()
+            await self.send(Closed())
+        else:
+            self.response = None
+            self.scope = None
+            await self.can_read.set()
+            await self.send(Updated(idle=True))
 
     async def _handle_events(self) -> None:
         connection = self.connection
@@ -294,7 +396,15 @@ class GatewayH11Protocol(H11Protocol):
                     await self._create_stream(event)
                 else:
                     self.stream = stream
-                    await stream.start(event)
+                    headers = event.headers
+                    raw = self.config.h11_pass_raw_headers
+                    await stream.start(
+                        event.method,
+                        event.target,
+                        event.http_version,
+                        headers,
+                        headers.raw_items() if raw else list(headers),
+                    )
                     self.keep_alive_requests += 1
                     await self.context.mark_request()
             elif event is h11.PAUSED:
@@ -337,6 +447,15 @@ class GatewayH11Protocol(H11Protocol):
         headers = [*headers, *config.response_headers("h11")]
         if self.keep_alive_requests >= config.keep_alive_max_requests:
             headers.append((b"connection", b"close"))
+        exchange = self._exchange
+        if exchange is not None:
+            data = frame_reply(status, headers, body)
+            if data is not None:
+                exchange.replied = True
+                exchange.closing = exchange.body_left > 0 or closes(headers)
+                await self.send(RawData(data=data))
+                return
+            self._to_h11(exchange)
         connection = self.connection
         # h11's own header list, built directly: the app's names are lower-case already and its
         # Content-Length is its body's length, so h11's normalising pass would only repeat work.
@@ -353,6 +472,8 @@ class GatewayH11Protocol(H11Protocol):
         await self.send(RawData(data=data))
 
     async def _send_h11_event(self, event: Any) -> None:
+        if self._exchange is not None:  # an error reply (hypercorn's own) during a fast exchange
+            self._to_h11(self._exchange)
         try:
             data = self.connection.send(event)
         except h11.LocalProtocolError:
@@ -369,12 +490,28 @@ class GatewayH11Protocol(H11Protocol):
             await self.send(RawData(data=data))
 
     async def stream_send(self, event: Any) -> None:
+        exchange = self._exchange
+        if exchange is not None:
+            if exchange.replied:  # nothing follows a whole reply but the stream's end
+                if isinstance(event, StreamClosed):
+                    await self._fast_recycle(exchange)
+                return
+            self._to_h11(exchange)  # a reply the app streams, hypercorn's 500, or none at all
         if self._held and isinstance(event, StreamClosed):  # an app that never sent its body
             data, self._held = self._held, b""
             await self.send(RawData(data=data))
         elif type(event) is Response and event.status_code >= 200 and runtime_of(self.config).draining:
             event = dataclasses.replace(event, headers=[*event.headers, (b"connection", b"close")])
         await super().stream_send(event)
+
+
+class _Head:
+    """What hypercorn's ``valid_server_name`` reads of a request: its headers."""
+
+    __slots__ = ("headers",)
+
+    def __init__(self, headers: Iterable[tuple[bytes, bytes]]) -> None:
+        self.headers = headers
 
 
 class GatewayHTTPStream(HTTPStream):
@@ -403,29 +540,39 @@ class GatewayHTTPStream(HTTPStream):
         self.protocol = protocol
         self._head_pending = False
 
-    async def start(self, request: h11.Request) -> None:
-        """The request head arrived: build the ASGI scope and start the app."""
+    async def start(
+        self,
+        method: bytes,
+        target: bytes,
+        http_version: bytes,
+        headers: Iterable[tuple[bytes, bytes]],
+        scope_headers: list[tuple[bytes, bytes]],
+    ) -> None:
+        """The request head arrived: build the ASGI scope and start the app.
+
+        ``headers`` with lower-case names; ``scope_headers`` the list the app is given (names as
+        sent with ``h11_pass_raw_headers``).
+        """
         self.start_time = time()
         config = self.config
-        path, _, query_string = request.target.partition(b"?")
-        headers = request.headers.raw_items() if config.h11_pass_raw_headers else list(request.headers)
+        path, _, query_string = target.partition(b"?")
         self.scope = {
             "type": "http",
-            "http_version": request.http_version.decode(),
+            "http_version": http_version.decode(),
             "asgi": {"spec_version": "2.1", "version": "3.0"},
-            "method": request.method.decode("ascii").upper(),
+            "method": method.decode("ascii").upper(),
             "scheme": self.scheme,
             "path": unquote(path.decode("ascii")),
             "raw_path": path,
             "query_string": query_string,
             "root_path": config.root_path,
-            "headers": headers,
+            "headers": scope_headers,
             "client": self.client,
             "server": self.server,
             "state": self.protocol.connection_state.copy(),  # type: ignore[typeddict-item]
             "extensions": {},
         }
-        if not valid_server_name(config, request):  # type: ignore[arg-type]  # reads .headers only
+        if config.server_names and not valid_server_name(config, _Head(headers)):  # type: ignore[arg-type]
             await self._send_error_response(404)
             self.closed = True
             return
