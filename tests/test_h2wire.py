@@ -983,3 +983,98 @@ def ssl_client_context(ca: Any) -> Any:
     ca.configure_trust(context)
     context.set_alpn_protocols(["h2"])
     return context
+
+
+# --- repeated reply header blocks -------------------------------------------------------------------
+
+
+def _reply_fields(
+    connection: h2wire.ClientConnection, stream_id: int, block: bytes
+) -> list[tuple[bytes, bytes]]:
+    """The regular headers of a reply whose HEADERS (END_STREAM) carry ``block``."""
+    stream = h2wire.Stream(1 << 20)
+    connection.open_stream(stream, [(b":method", b"POST")], end_stream=True)
+    assert stream.stream_id == stream_id
+    connection.receive(frame(HEADERS, END_HEADERS | END_STREAM, stream_id, block))
+    assert stream.error is None, stream.error
+    return stream.headers
+
+
+INDEXED_X = bytes([0x88, 0x80 | 62])  # :status 200, then dynamic entry 62 (the newest)
+
+
+def _adds(value: bytes) -> bytes:
+    """:status 200 and x-a: ``value`` as a literal added to the dynamic table (it becomes entry 62)."""
+    return bytes([0x88, 0x40, 3]) + b"x-a" + bytes([len(value)]) + value
+
+
+def test_a_repeated_header_block_is_decoded_once_while_the_table_stays(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    decoded: list[bytes] = []
+    real = hpack.Decoder.decode
+
+    def spy(self: hpack.Decoder, data: bytes, raw: bool = False) -> Any:
+        decoded.append(bytes(data))
+        return real(self, data, raw)
+
+    monkeypatch.setattr(hpack.Decoder, "decode", spy)
+    connection = _connected()
+    assert _reply_fields(connection, 1, _adds(b"1")) == [(b"x-a", b"1")]
+    for stream_id in (3, 5, 7):
+        assert _reply_fields(connection, stream_id, INDEXED_X) == [(b"x-a", b"1")]
+    assert decoded == [_adds(b"1"), INDEXED_X]
+
+
+@pytest.mark.parametrize(
+    ("between", "then"),
+    [
+        pytest.param(
+            _adds(b"2"),
+            [(b"x-a", b"2")],
+            id="after the peer adds an entry, the same indexed bytes are decoded anew",
+        ),
+        pytest.param(
+            bytes([0x20, 0x88]),
+            None,
+            id="after the peer empties its table (size update), the same bytes are an error",
+        ),
+    ],
+)
+def test_a_repeated_header_block_follows_the_peers_table(
+    between: bytes, then: list[tuple[bytes, bytes]] | None
+) -> None:
+    connection = _connected()
+    assert _reply_fields(connection, 1, _adds(b"1")) == [(b"x-a", b"1")]
+    assert _reply_fields(connection, 3, INDEXED_X) == [(b"x-a", b"1")]
+    stream = h2wire.Stream(1 << 20)
+    connection.open_stream(stream, [(b":method", b"POST")], end_stream=True)
+    connection.receive(frame(HEADERS, END_HEADERS | END_STREAM, 5, between))
+    if then is not None:
+        assert _reply_fields(connection, 7, INDEXED_X) == then
+    else:
+        stream = h2wire.Stream(1 << 20)
+        connection.open_stream(stream, [(b":method", b"POST")], end_stream=True)
+        with pytest.raises(h2wire.ProtocolError):
+            connection.receive(frame(HEADERS, END_HEADERS | END_STREAM, 7, INDEXED_X))
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    replies=st.lists(st.sampled_from(range(4)), min_size=1, max_size=25),
+    lists=st.lists(header_lists, min_size=4, max_size=4),
+    sizes=st.lists(st.sampled_from([None, None, None, 0, 64, 4096]), min_size=25, max_size=25),
+)
+def test_replies_decode_as_a_fresh_decoder_decodes_them(
+    replies: list[int], lists: list[list[tuple[bytes, bytes]]], sizes: list[int | None]
+) -> None:
+    """However the peer's blocks repeat, add entries and resize its table, each reply's headers are
+    what a decoder that never skips a block reads."""
+    connection = _connected()
+    encoder, reference = hpack.Encoder(), hpack.Decoder()
+    for index, which in enumerate(replies):
+        if sizes[index] is not None:
+            encoder.header_table_size = sizes[index]
+        block = bytes(encoder.encode([(b":status", b"200"), *lists[which]]))
+        expected = reference.decode(block, raw=True)[1:]
+        assert _reply_fields(connection, 2 * index + 1, block) == expected

@@ -12,7 +12,8 @@ What the client does and does not do:
   as plain HPACK literals (``LiteralEncoder``), then DATA split by the peer's max frame size and by
   the connection and stream send windows (the peer's INITIAL_WINDOW_SIZE changes apply to open
   streams, RFC 9113 §6.9.2).
-- Replies: HEADERS decoded with ``hpack.Decoder`` (the peer's dynamic table is kept), 1xx skipped,
+- Replies: HEADERS decoded with ``hpack.Decoder`` (the peer's dynamic table is kept; a block
+  repeated while that table is unchanged is decoded once, ``_decode``), 1xx skipped,
   trailers accepted and dropped, DATA collected; WINDOW_UPDATEs go back once half a window is
   consumed, for the connection always (also for data of streams given up on).
 - A stream is forgotten as soon as it ends: frames for an odd id at or below the highest one
@@ -34,6 +35,7 @@ from collections.abc import Iterable
 from typing import Final, cast
 
 import hpack
+from hpack.table import HeaderTable
 
 from gateway.errors import ResponseTooLarge, TransportError
 from gateway.transport.wire import RetryableError
@@ -71,6 +73,7 @@ _HEAD = struct.Struct(">HBBBL")  # 24-bit length as 16 + 8 bits, type, flags, R 
 _SETTING = struct.Struct(">HL")
 _U32 = struct.Struct(">L")
 _GOAWAY_BODY = struct.Struct(">LL")
+_DECODED_BLOCKS: Final = 64  # repeated reply header blocks kept per connection
 SETTINGS_ACK: Final = _HEAD.pack(0, 0, SETTINGS, ACK, 0)
 
 
@@ -206,6 +209,25 @@ Event = Stream | GoAway | _Signal
 """What ``receive`` reports: a stream that ended (``done``), the peer's GOAWAY, or a signal."""
 
 
+class _CountedTable(HeaderTable):
+    """hpack's dynamic table, counting its changes: every entry added and every size update."""
+
+    generation = 0
+
+    def add(self, name: bytes, value: bytes) -> None:
+        self.generation += 1
+        super().add(name, value)
+
+    @property
+    def maxsize(self) -> int:
+        return self._maxsize
+
+    @maxsize.setter
+    def maxsize(self, value: int) -> None:
+        self.generation += 1
+        HeaderTable.maxsize.fset(self, value)  # type: ignore[attr-defined]
+
+
 class ClientConnection:
     """The client side of one HTTP/2 connection, without I/O.
 
@@ -226,6 +248,11 @@ class ClientConnection:
         self.streams: dict[int, Stream] = {}  # open streams only; forgotten once they end
         self.encoder = LiteralEncoder()
         self._decoder = hpack.Decoder(max_header_list_size=max_header_list_size)
+        self._table = self._decoder.header_table = _CountedTable()
+        # Header blocks that left the peer's dynamic table as it was, decoded, while it stays so:
+        # a backend's replies repeat the same block (indexed fields) until an entry is added.
+        self._decoded: dict[bytes, list[tuple[bytes, bytes]]] = {}
+        self._decoded_at = 0  # the table's generation the blocks above were decoded against
         self._max_header_block = 4 * max_header_list_size  # Huffman may make a block ~4x larger
         self._stream_window = stream_window
         self._stream_ack_at = stream_window // 2
@@ -570,6 +597,20 @@ class ClientConnection:
             self._on_header_block(stream_id, bytes(block), pending[2], pending[3])
 
     def _decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
+        """The fields of a header block (read-only: a repeated block gets the same list).
+
+        Speed: decoding a block is a function of its bytes and the dynamic table; a block that
+        changed nothing in the table decodes the same way again until the table changes
+        (``_CountedTable.generation``), so its fields are kept until then (~10 µs per reply).
+        """
+        generation = self._table.generation
+        if generation == self._decoded_at:
+            fields = self._decoded.get(block)
+            if fields is not None:
+                return fields
+        else:
+            self._decoded.clear()
+            self._decoded_at = generation
         try:
             fields = cast("list[tuple[bytes, bytes]]", self._decoder.decode(block, raw=True))
         except hpack.OversizedHeaderListError:
@@ -577,6 +618,8 @@ class ClientConnection:
         except (hpack.HPACKError, ValueError, IndexError):
             # hpack's own message may quote header bytes: not in ours.
             raise ProtocolError(ErrorCode.COMPRESSION_ERROR, "invalid HPACK header block") from None
+        if self._table.generation == generation and len(self._decoded) < _DECODED_BLOCKS:
+            self._decoded[block] = fields
         return fields
 
     def _on_header_block(self, stream_id: int, block: bytes, end_stream: bool, self_dependent: bool) -> None:
