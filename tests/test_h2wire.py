@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.config.model import ClientConfig
-from gateway.errors import ResponseTooLarge, TransportError
+from gateway.errors import ResponseTooLarge, TransportError, TransportTimeout
 from gateway.transport import ClientPool, h2wire, http2, resolve_target
 from gateway.transport.h2wire import (
     CONTINUATION,
@@ -1078,3 +1078,89 @@ def test_replies_decode_as_a_fresh_decoder_decodes_them(
         block = bytes(encoder.encode([(b":status", b"200"), *lists[which]]))
         expected = reference.decode(block, raw=True)[1:]
         assert _reply_fields(connection, 2 * index + 1, block) == expected
+
+
+# --- deadlines of calls on an open connection (the connection's timer) ---------------------------
+
+
+async def _answer_then_hang(peer: Peer) -> None:
+    """Answers the first call, then reads the others and never answers them."""
+    await peer.handshake()
+    stream_id, _, _ = await peer.request()
+    await peer.send(peer.response(stream_id))
+    await peer.frames_until_eof()
+
+
+async def _open_pool(nursery: trio.Nursery, script: Script) -> tuple[ClientPool, Any, ScriptedServer]:
+    server = ScriptedServer(script)
+    port = await nursery.start(server.serve)
+    target = resolve_target(ClientConfig(url=f"http://127.0.0.1:{port}/hook"), None)
+    client = ClientPool(h2c_prior_knowledge=True)
+    await client.__aenter__()
+    return client, target, server
+
+
+@pytest.mark.parametrize(
+    "timeouts",
+    [
+        pytest.param(
+            [0.2], id="a call on an open connection that gets no reply times out at its deadline (FPT-05)"
+        ),
+        pytest.param(
+            [30, 0.2],
+            id="a later call with an earlier deadline times out at its own deadline, not the earlier call's",
+        ),
+    ],
+)
+async def test_calls_on_an_open_connection_time_out_and_are_reset(
+    nursery: trio.Nursery, timeouts: list[float]
+) -> None:
+    client, target, server = await _open_pool(nursery, _answer_then_hang)
+    try:
+        assert (
+            await client.post(target, body=b"{}", timeout_seconds=10)
+        ).status == 200  # the connection is open
+        outcomes: list[object] = []
+
+        async def one(timeout: float) -> None:
+            try:
+                outcomes.append(await client.post(target, body=b"{}", timeout_seconds=timeout))
+            except TransportError as exc:
+                outcomes.append(exc)
+
+        with trio.move_on_after(5) as bound:  # far beyond 0.2 s, far below 30 s
+            async with trio.open_nursery() as calls:
+                for timeout in timeouts[:-1]:
+                    calls.start_soon(one, timeout)
+                await trio.sleep(0.05)
+                await one(timeouts[-1])
+                calls.cancel_scope.cancel()
+        assert not bound.cancelled_caught
+        assert isinstance(outcomes[-1], TransportTimeout)
+        peer = server.peers[0]
+        with trio.fail_after(5):
+            while not any(f.kind == RST_STREAM and f.stream_id == 1 + 2 * len(timeouts) for f in peer.seen):
+                await trio.sleep(0.01)
+        reset = next(f for f in peer.seen if f.kind == RST_STREAM and f.stream_id == 1 + 2 * len(timeouts))
+        assert reset.payload == u32(ErrorCode.CANCEL)
+    finally:
+        await client.__aexit__(None, None, None)
+
+
+async def test_the_deadlines_of_ended_calls_do_not_pile_up(nursery: trio.Nursery) -> None:
+    """Calls that ended leave the connection's deadline heap: it stays bounded by the calls in flight."""
+
+    async def answer_all(peer: Peer) -> None:
+        await peer.handshake()
+        while True:
+            stream_id, _, _ = await peer.request()
+            await peer.send(peer.response(stream_id))
+
+    client, target, _ = await _open_pool(nursery, answer_all)
+    try:
+        for _ in range(300):
+            assert (await client.post(target, body=b"{}", timeout_seconds=30)).status == 200
+        [connection] = [c for group in client._origins.values() for c in group.h2]
+        assert len(connection._deadlines) <= 64 + 2
+    finally:
+        await client.__aexit__(None, None, None)

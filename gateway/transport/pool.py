@@ -143,31 +143,43 @@ class ClientPool:
         """
         if timeout_seconds <= 0:
             raise TransportTimeout()
-        with trio.move_on_after(timeout_seconds):
-            if self._closed or self._nursery is None:
-                raise TransportError("client pool is closed")
-            group = self._origins.get(target.origin)
-            if group is None:
-                group = self._origins[target.origin] = _OriginConnections(target.origin)
-            path = target.wire_request_target(timeout_seconds)
-            common: list[Header] = [
-                *self._fixed_headers,
-                (b"content-length", b"%d" % len(body)),
-                *target.auth_headers,
-            ]
-            for name, value in headers:
-                common.append((name.lower(), value))
-            # At most one resend, and only of a request the backend provably never processed.
-            for attempt in range(2):
-                # A free HTTP/2 stream slot is taken without a schedule point. Only for the first
-                # attempt: nothing awaited since the group was looked up, so it is still registered.
-                connection: Connection | None = None if attempt else _free_h2_stream(group)
-                if connection is None:
-                    connection = await self._acquire(group, target)
+        if self._closed or self._nursery is None:
+            raise TransportError("client pool is closed")
+        deadline = trio.current_time() + timeout_seconds
+        group = self._origins.get(target.origin)
+        if group is None:
+            group = self._origins[target.origin] = _OriginConnections(target.origin)
+        path = target.wire_request_target(timeout_seconds)
+        common: list[Header] = [
+            *self._fixed_headers,
+            (b"content-length", b"%d" % len(body)),
+            *target.auth_headers,
+        ]
+        for name, value in headers:
+            common.append((name.lower(), value))
+        h2_headers = [*target.pseudo_headers(), (b":path", path), *common] if group.h2 else None
+        # At most one resend, and only of a request the backend provably never processed.
+        attempts = 2
+        # Speed: a free HTTP/2 stream slot is taken without a schedule point, and the only wait
+        # left is the reply's, which the connection's timer bounds (no cancel scope of our own).
+        free = _free_h2_stream(group)
+        if free is not None:
+            assert h2_headers is not None
+            try:
+                return await free.request(
+                    h2_headers, body, max_response_bytes=self._max_response_bytes, deadline=deadline
+                )
+            except RetryableError:
+                attempts = 1
+            finally:
+                self._release_stream(group, free)
+        with trio.move_on_at(deadline):
+            for attempt in range(attempts):
+                connection = await self._acquire(group, target)
                 try:
                     if isinstance(connection, HTTP2Connection):
                         return await connection.request(
-                            [*target.pseudo_headers(), (b":path", path), *common],
+                            h2_headers or [*target.pseudo_headers(), (b":path", path), *common],
                             body,
                             max_response_bytes=self._max_response_bytes,
                         )
@@ -178,7 +190,7 @@ class ClientPool:
                         max_response_bytes=self._max_response_bytes,
                     )
                 except RetryableError as exc:
-                    if attempt:
+                    if attempt == attempts - 1:
                         raise TransportError(exc.cause, exc.kind) from exc
                 finally:
                     if isinstance(connection, HTTP2Connection):
