@@ -27,6 +27,7 @@ import cProfile
 import gc
 import io
 import json
+import math
 import pstats
 import statistics
 import sys
@@ -199,7 +200,9 @@ async def bench(name: str, args: argparse.Namespace) -> list[float]:
         def abort(self) -> None:
             pass
 
-        async def request(self, headers: Any, body: bytes, *, max_response_bytes: int) -> HTTPResponse:
+        async def request(
+            self, headers: Any, body: bytes, *, max_response_bytes: int, deadline: float = math.inf
+        ) -> HTTPResponse:
             self.requests += 1
             await trio.lowlevel.checkpoint()  # a real stream waits for its reply
             reply = reply_for(body, self.patch)
