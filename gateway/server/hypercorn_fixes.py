@@ -282,6 +282,8 @@ class GatewayH11Protocol(H11Protocol):
 
     async def handle(self, event: Any) -> None:
         if type(event) is RawData:
+            if self._gone:  # the connection is closing: what the client still sends is not read
+                return
             exchange = self._exchange
             if exchange is not None:
                 await self._fast_data(exchange, event.data)
@@ -302,7 +304,6 @@ class GatewayH11Protocol(H11Protocol):
             and connection.our_state is h11.IDLE
             and connection.their_state is h11.IDLE
             and not connection._receive_buffer  # h11 0.16 (pinned); a pipelined rest is h11's
-            and not self._gone
         )
 
     async def _fast_request(self, request: PlainRequest, data: bytes) -> None:
