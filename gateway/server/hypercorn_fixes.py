@@ -246,11 +246,11 @@ class GatewayTaskGroup(TaskGroup):
 class _FastExchange:
     """A request/response exchange on the fast path (``http11_fast``): what h11 has not seen."""
 
-    __slots__ = ("body_left", "body_seen", "closing", "head", "replied")
+    __slots__ = ("body_left", "closing", "head", "length", "replied")
 
-    def __init__(self, head: bytes, body_seen: int, body_left: int) -> None:
+    def __init__(self, head: bytes, length: int, body_left: int) -> None:
         self.head = head  # the request head's bytes, for handing the exchange to h11
-        self.body_seen = body_seen
+        self.length = length  # the body's Content-Length
         self.body_left = body_left
         self.replied = False  # the whole reply went out on the fast path
         self.closing = False  # ... with Connection: close, or before the request body was in
@@ -308,7 +308,9 @@ class GatewayH11Protocol(H11Protocol):
 
     async def _fast_request(self, request: PlainRequest, data: bytes) -> None:
         body = request.body
-        self._exchange = _FastExchange(data[: len(data) - len(body)], len(body), request.body_left)
+        self._exchange = _FastExchange(
+            data[: len(data) - len(body)], len(body) + request.body_left, request.body_left
+        )
         await self.send(Updated(idle=False))
         stream = GatewayHTTPStream(self)
         self.stream = stream
@@ -324,7 +326,6 @@ class GatewayH11Protocol(H11Protocol):
         take = min(len(data), exchange.body_left)
         if take:
             exchange.body_left -= take
-            exchange.body_seen += take
             await self._pass_body(data if take == len(data) else data[:take], end=exchange.body_left == 0)
         if take == len(data):
             return
@@ -343,7 +344,7 @@ class GatewayH11Protocol(H11Protocol):
         """
         self._exchange = None
         connection = self.connection
-        connection.receive_data(exchange.head + bytes(exchange.body_seen))
+        connection.receive_data(exchange.head + bytes(exchange.length - exchange.body_left))
         while connection.next_event() not in (h11.NEED_DATA, h11.PAUSED):
             pass
 

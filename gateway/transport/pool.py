@@ -157,17 +157,19 @@ class ClientPool:
         ]
         for name, value in headers:
             common.append((name.lower(), value))
-        h2_headers = [*target.pseudo_headers(), (b":path", path), *common] if group.h2 else None
+
+        def h2_headers() -> list[Header]:
+            return [*target.pseudo_headers(), (b":path", path), *common]
+
         # At most one resend, and only of a request the backend provably never processed.
         attempts = 2
         # Speed: a free HTTP/2 stream slot is taken without a schedule point, and the only wait
         # left is the reply's, which the connection's timer bounds (no cancel scope of our own).
         free = _free_h2_stream(group)
         if free is not None:
-            assert h2_headers is not None
             try:
                 return await free.request(
-                    h2_headers, body, max_response_bytes=self._max_response_bytes, deadline=deadline
+                    h2_headers(), body, max_response_bytes=self._max_response_bytes, deadline=deadline
                 )
             except RetryableError:
                 attempts = 1
@@ -179,7 +181,7 @@ class ClientPool:
                 try:
                     if isinstance(connection, HTTP2Connection):
                         return await connection.request(
-                            h2_headers or [*target.pseudo_headers(), (b":path", path), *common],
+                            h2_headers(),
                             body,
                             max_response_bytes=self._max_response_bytes,
                         )
