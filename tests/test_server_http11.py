@@ -5,7 +5,6 @@ stock hypercorn gives, request shape by request shape; only how the same bytes a
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import h11
@@ -14,56 +13,9 @@ import trio
 from hypercorn.config import Config
 
 from gateway.server import hypercorn_fixes
-from tests.support.inbound import serve_asgi
-
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+from tests.support.inbound import RecordingApp, serve_asgi
 
 BODY = b'{"kind":"AdmissionReview"}' * 40
-
-
-class RecordingApp:
-    """Echoes the request body; records each request's scope and the messages ``receive`` gave.
-
-    The path picks how it answers: ``/whole`` one head and one body, ``/stream`` the body in two
-    parts, ``/nobody`` a head only, ``/early`` nothing at all (hypercorn answers 500).
-    """
-
-    def __init__(self) -> None:
-        self.scopes: list[Scope] = []
-        self.messages: list[list[MutableMapping[str, Any]]] = []
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            while (message := await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
-            return
-        self.scopes.append(scope)
-        got: list[MutableMapping[str, Any]] = []
-        self.messages.append(got)
-        body = b""
-        while True:
-            message = await receive()
-            got.append(message)
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        path = scope["path"]
-        if path == "/early":
-            return
-        if path == "/nobody":
-            await send({"type": "http.response.start", "status": 204, "headers": []})
-            return
-        reply = b"echo:" + body
-        headers = [(b"content-type", b"text/plain"), (b"content-length", str(len(reply)).encode())]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        if path == "/stream":
-            await send({"type": "http.response.body", "body": reply[:10], "more_body": True})
-            await send({"type": "http.response.body", "body": reply[10:]})
-        else:
-            await send({"type": "http.response.body", "body": reply})
 
 
 Reply = tuple[int, dict[bytes, bytes], bytes]

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.server.http11_fast import closes, frame_reply, parse_plain_request
-from tests.support.inbound import serve_asgi
+from tests.support.inbound import RecordingApp, serve_asgi
 
 APISERVER_HEAD = (
     b"POST /validate?timeout=10s HTTP/1.1\r\n"
@@ -341,24 +341,6 @@ def test_any_framed_reply_is_h11s_bytes(status: int, headers: list[tuple[bytes, 
 # --- the fast path is the one taken, through a socket --------------------------------------------
 
 
-class EchoApp:
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
-            return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
-
-
 async def _exchange(stream: trio.SocketStream, parts: list[bytes]) -> bytes:
     for part in parts:
         await stream.send_all(part)
@@ -392,11 +374,12 @@ async def test_plain_exchanges_bypass_h11(
         real(self, data)
 
     monkeypatch.setattr(h11.Connection, "receive_data", spy)
-    port, stop = await serve_asgi(nursery, EchoApp())
+    port, stop = await serve_asgi(nursery, RecordingApp())
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     for _ in range(3):  # and again on the same keep-alive connection
         reply = await _exchange(stream, parts)
-        assert reply.startswith(b"HTTP/1.1 200 \r\ncontent-type: application/json\r\ncontent-length: 20\r\n")
+        assert reply.startswith(b"HTTP/1.1 200 \r\ncontent-type: text/plain\r\ncontent-length: 25\r\n")
+        assert reply.endswith(b"\r\n\r\necho:" + BODY)
     assert fed == []
     await stream.aclose()
     stop.set()

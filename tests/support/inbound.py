@@ -45,6 +45,49 @@ async def serve_asgi(nursery: trio.Nursery, app: Any, **settings: Any) -> tuple[
     return int(urls[0].rsplit(":", 1)[1]), stop
 
 
+class RecordingApp:
+    """Echoes the request body; records each request's scope and the messages ``receive`` gave.
+
+    The path picks how it answers: ``/whole`` one head and one body, ``/stream`` the body in two
+    parts, ``/nobody`` a head only, ``/early`` nothing at all (hypercorn answers 500).
+    """
+
+    def __init__(self) -> None:
+        self.scopes: list[Any] = []
+        self.messages: list[list[Any]] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (message := await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        self.scopes.append(scope)
+        got: list[Any] = []
+        self.messages.append(got)
+        body = b""
+        while True:
+            message = await receive()
+            got.append(message)
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        path = scope["path"]
+        if path == "/early":
+            return
+        if path == "/nobody":
+            await send({"type": "http.response.start", "status": 204, "headers": []})
+            return
+        reply = b"echo:" + body
+        headers = [(b"content-type", b"text/plain"), (b"content-length", str(len(reply)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        if path == "/stream":
+            await send({"type": "http.response.body", "body": reply[:10], "more_body": True})
+            await send({"type": "http.response.body", "body": reply[10:]})
+        else:
+            await send({"type": "http.response.body", "body": reply})
+
+
 def frame(kind: int, flags: int = 0, stream: int = 0, payload: bytes = b"") -> bytes:
     """One raw HTTP/2 frame."""
     return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
