@@ -244,6 +244,38 @@ async def test_two_tasks_receiving_at_once_is_refused_as_busy(pair: Pair) -> Non
         nursery.cancel_scope.cancel()
 
 
+# --- waiting first after a short read --------------------------------------------------------------
+
+
+async def test_a_reader_asking_for_less_than_a_record_gets_the_rest_without_waiting_for_the_socket(
+    pair: Pair,
+) -> None:
+    """After a short read the stream waits for the socket before reading, unless OpenSSL still holds
+    plaintext of the record: that must be handed over at once (nothing more will arrive to wake us)."""
+    record = os.urandom(1000)
+    await pair.server.send_all(record)
+    with trio.fail_after(2):
+        got = [await pair.client.receive_some(100) for _ in range(10)]
+    assert b"".join(got) == record
+
+
+async def test_after_a_short_read_records_queued_and_records_sent_later_are_all_received(pair: Pair) -> None:
+    """Waiting first never loses data: records already queued on the socket and one sent later."""
+    for n in range(3):
+        await pair.server.send_all(b"%d" % n * 10)
+    await trio.sleep(0.05)
+    with trio.fail_after(2):
+        assert await _receive_exactly(pair.client, 30) == b"0" * 10 + b"1" * 10 + b"2" * 10
+        async with trio.open_nursery() as nursery:
+
+            async def later() -> None:
+                await trio.sleep(0.05)
+                await pair.server.send_all(b"late")
+
+            nursery.start_soon(later)
+            assert await pair.client.receive_some() == b"late"
+
+
 # --- fairness -------------------------------------------------------------------------------------
 
 

@@ -40,7 +40,16 @@ _SCHEDULE_EVERY: Final = 4
 class TLSSocketStream(trio.abc.Stream):
     """A client or server TLS connection over a connected TCP socket (taken from ``tcp``)."""
 
-    __slots__ = ("_closed", "_eof", "_handshook", "_receiving", "_sending", "_unyielded", "socket")
+    __slots__ = (
+        "_closed",
+        "_drained",
+        "_eof",
+        "_handshook",
+        "_receiving",
+        "_sending",
+        "_unyielded",
+        "socket",
+    )
 
     def __init__(
         self,
@@ -70,6 +79,7 @@ class TLSSocketStream(trio.abc.Stream):
         self._receiving = False
         self._sending = False
         self._unyielded = 0
+        self._drained = False  # the last read got less than a full record
 
     # --- what callers read after the handshake ----------------------------------------------------
 
@@ -146,6 +156,13 @@ class TLSSocketStream(trio.abc.Stream):
         """Plaintext, and whether the task waited (and so already passed a schedule point)."""
         sock = self.socket
         waited = False
+        # Speed: after a short record the socket is almost always empty (a caller's next request, a
+        # backend's next reply are yet to come), and trying it first costs a failed system call and
+        # an exception on the path of every review. Wait for it instead, unless OpenSSL still holds
+        # plaintext of the last record (a reader that asked for less than it): nothing would wake us.
+        if self._drained and not sock.pending():
+            await self._wait(readable=True)
+            waited = True
         while True:
             try:
                 data = sock.recv(limit)
@@ -165,6 +182,7 @@ class TLSSocketStream(trio.abc.Stream):
                 raise trio.BrokenResourceError(f"TLS read failed: {exc}") from exc
             if not data:
                 self._eof = True
+            self._drained = len(data) < _RECORD
             return data, waited
 
     def _read_nowait(self, limit: int) -> bytes:
