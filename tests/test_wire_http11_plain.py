@@ -427,3 +427,17 @@ async def test_a_streamed_plain_body_arrives_in_pieces_and_ends() -> None:
     body = b"y" * 5000
     data, _ = await _exchange_with([reply(b"Content-Length: 5000", body=body)], client)
     assert data == body
+
+
+async def test_a_new_request_before_the_last_reply_was_read_to_its_end_is_refused() -> None:
+    """As h11 refuses it: the rest of the old reply would be read as the head of the new one."""
+
+    async def client(exchange: HTTP11Exchange) -> str:
+        await exchange.send(b"POST", b"/v", [(b"host", b"a"), (b"content-length", b"0")], b"")
+        await exchange.receive_head()
+        with pytest.raises(TransportError) as caught:
+            await exchange.send(b"POST", b"/v", [(b"host", b"a"), (b"content-length", b"0")], b"")
+        return str(caught.value)
+
+    message, _ = await _exchange_with([GO_BACKEND_REPLY], client)
+    assert message.startswith("net/http: invalid request")

@@ -61,8 +61,11 @@ class HTTP11Exchange:
         connection = self._h11
         if connection.our_state is h11.DONE and connection.their_state is h11.DONE:
             connection.start_next_cycle()
+        if self._plain or self._buffer:
+            # A plain reply not read to its end (or followed by stray bytes): the next reply could
+            # not be told apart from its rest. h11 refuses a new request in that state too.
+            raise TransportError("net/http: invalid request: the previous reply was not read to its end")
         self._received_any = False
-        self._buffer = b""
         self._plain = None
         data = None
         if connection.our_state is h11.IDLE and connection.their_state is h11.IDLE:
