@@ -276,6 +276,59 @@ async def test_after_a_short_read_records_queued_and_records_sent_later_are_all_
             assert await pair.client.receive_some() == b"late"
 
 
+async def _read_loop(stream: TLSSocketStream, size: int, max_bytes: int = 65536) -> tuple[bytes, int]:
+    """A read loop as the HTTP/2 reader runs it (``receive_now``, ``wait_readable``): bytes, waits."""
+    parts, got, waits = [], 0, 0
+    while got < size:
+        data = stream.receive_now(max_bytes)
+        if data is None:
+            waits += 1
+            await stream.wait_readable()
+            continue
+        assert data, f"EOF after {got} of {size} bytes"
+        parts.append(data)
+        got += len(data)
+    return b"".join(parts), waits
+
+
+@pytest.mark.parametrize(
+    ("size", "max_bytes"),
+    [
+        pytest.param(100, 65536, id="a short record is read after one wait"),
+        pytest.param(200_000, 65536, id="records past one TLS record arrive whole"),
+        pytest.param(1000, 100, id="a reader asking for less than a record gets the rest without the socket"),
+    ],
+)
+async def test_a_read_loop_on_receive_now_gets_every_byte(pair: Pair, size: int, max_bytes: int) -> None:
+    payload = os.urandom(size)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pair.server.send_all, payload)
+        with trio.fail_after(5):
+            got, _ = await _read_loop(pair.client, size, max_bytes)
+    assert got == payload
+
+
+async def test_receive_now_reports_eof_and_refuses_use_after_close(pair: Pair) -> None:
+    await pair.server.aclose()
+    with trio.fail_after(5):
+        while (data := pair.client.receive_now()) is None:
+            await pair.client.wait_readable()
+    assert data == b""
+    await pair.client.aclose()
+    with pytest.raises(trio.ClosedResourceError):
+        pair.client.receive_now()
+
+
+async def test_a_read_loop_that_always_finds_data_still_waits_every_few_reads(pair: Pair) -> None:
+    """Every few reads that found data ready, ``receive_now`` asks for a wait: the loop yields."""
+    size = 48 * 1024
+    await pair.server.send_all(os.urandom(size))
+    await trio.sleep(0.1)
+    with trio.fail_after(5):
+        _, waits = await _read_loop(pair.client, size, 64)
+    assert waits >= (size // 64) // 8
+
+
 # --- fairness -------------------------------------------------------------------------------------
 
 

@@ -162,9 +162,18 @@ class HTTP2Connection:
 
     async def _read_loop(self) -> None:
         core = self._core
+        stream = self._stream
+        tls = stream if type(stream) is TLSSocketStream else None
         while True:
+            data: bytes | bytearray | None
             try:
-                data = await self._stream.receive_some(RECEIVE_BYTES)
+                if tls is not None:  # speed: one wait per wake-up, not receive_some's layers
+                    data = tls.receive_now(RECEIVE_BYTES)
+                    if data is None:
+                        await tls.wait_readable()
+                        continue
+                else:
+                    data = await stream.receive_some(RECEIVE_BYTES)
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 self._fail(*_cause_and_kind(stream_error(exc, "read", self._peer)))
                 return

@@ -45,6 +45,7 @@ class TLSSocketStream(trio.abc.Stream):
         "_drained",
         "_eof",
         "_handshook",
+        "_read_wants_write",
         "_receiving",
         "_sending",
         "_unyielded",
@@ -80,6 +81,7 @@ class TLSSocketStream(trio.abc.Stream):
         self._sending = False
         self._unyielded = 0
         self._drained = False  # the last read got less than a full record
+        self._read_wants_write = False  # TLS needs to write before it can read (rare)
 
     # --- what callers read after the handshake ----------------------------------------------------
 
@@ -198,6 +200,75 @@ class TLSSocketStream(trio.abc.Stream):
         if not data:
             self._eof = True
         return data
+
+    def receive_now(self, max_bytes: int = _DEFAULT_RECEIVE) -> bytes | None:
+        """Plaintext OpenSSL can hand over without waiting (b"" at EOF), or None: ``wait_readable`` first.
+
+        For a task's own read loop (an HTTP/2 connection's reader, an inbound connection): the
+        loop's wait is one ``wait_readable`` instead of ``receive_some``'s layers, which trio walks
+        through again every time the task is woken. Like ``receive_some`` it waits first after a
+        short record, and it asks for a wait every few reads that found data ready, so that a peer
+        that always has data does not keep the loop from yielding.
+        """
+        if self._receiving:
+            raise trio.BusyResourceError("another task is already receiving on this TLS stream")
+        if self._closed:
+            raise trio.ClosedResourceError
+        if self._eof:
+            return b""
+        if not self._handshook:
+            return None
+        sock = self.socket
+        if self._drained and not sock.pending():
+            self._drained = False
+            return None
+        self._unyielded += 1
+        if self._unyielded > _SCHEDULE_EVERY:
+            return None
+        try:
+            data = sock.recv(max_bytes)
+        except ssl.SSLWantReadError:
+            return None
+        except ssl.SSLWantWriteError:
+            self._read_wants_write = True
+            return None
+        except ssl.SSLZeroReturnError:
+            data = b""
+        except (ssl.SSLError, OSError) as exc:
+            if self._closed:
+                raise trio.ClosedResourceError from exc
+            raise trio.BrokenResourceError(f"TLS read failed: {exc}") from exc
+        if not data:
+            self._eof = True
+        self._drained = len(data) < _RECORD
+        return data
+
+    async def wait_readable(self) -> None:
+        """Wait until ``receive_now`` may have something: the handshake done, the socket ready."""
+        if self._receiving:
+            raise trio.BusyResourceError("another task is already receiving on this TLS stream")
+        if self._closed:
+            raise trio.ClosedResourceError
+        self._receiving = True
+        try:
+            if not self._handshook:
+                await self.do_handshake()
+                return
+            self._unyielded = 0
+            if self.socket.pending():  # plaintext is here already: only yield to the others
+                await trio.lowlevel.checkpoint()
+                return
+            readable = not self._read_wants_write
+            self._read_wants_write = False
+            try:
+                if readable:
+                    await trio.lowlevel.wait_readable(self.socket)
+                else:
+                    await trio.lowlevel.wait_writable(self.socket)
+            except trio.BusyResourceError:  # the writer waits on the same direction (see _wait)
+                await trio.sleep(0.001)
+        finally:
+            self._receiving = False
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         if self._sending:
