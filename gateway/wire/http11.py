@@ -53,7 +53,7 @@ class HTTP11Exchange:
     def reusable(self) -> bool:
         """True after a complete exchange on a connection both sides keep open."""
         if self._plain is not None:
-            return self._plain == 0 and self._request is None and not self._buffer
+            return self._plain == 0 and not self._buffer  # read to its end, nothing after it
         return self._h11.our_state is h11.DONE and self._h11.their_state is h11.DONE
 
     async def send(self, method: bytes, target: bytes, headers: Sequence[Header], body: bytes = b"") -> None:
@@ -130,7 +130,7 @@ class HTTP11Exchange:
             parts: list[bytes] = []
             while (chunk := await self._plain_data()) is not None:
                 parts.append(chunk)
-            return parts[0] if len(parts) == 1 else b"".join(parts)
+            return b"".join(parts)  # a single part is returned as it is, not copied
         body = bytearray()
         while True:
             event = await self._next_event()

@@ -156,36 +156,43 @@ class TLSSocketStream(trio.abc.Stream):
 
     async def _read(self, limit: int) -> tuple[bytes, bool]:
         """Plaintext, and whether the task waited (and so already passed a schedule point)."""
-        sock = self.socket
         waited = False
         # Speed: after a short record the socket is almost always empty (a caller's next request, a
         # backend's next reply are yet to come), and trying it first costs a failed system call and
         # an exception on the path of every review. Wait for it instead, unless OpenSSL still holds
         # plaintext of the last record (a reader that asked for less than it): nothing would wake us.
-        if self._drained and not sock.pending():
+        if self._drained and not self.socket.pending():
             await self._wait(readable=True)
             waited = True
-        while True:
-            try:
-                data = sock.recv(limit)
-            except ssl.SSLWantReadError:
-                await self._wait(readable=True)
-                waited = True
-                continue
-            except ssl.SSLWantWriteError:
-                await self._wait(readable=False)
-                waited = True
-                continue
-            except ssl.SSLZeroReturnError:
-                data = b""
-            except (ssl.SSLError, OSError) as exc:
-                if self._closed:
-                    raise trio.ClosedResourceError from exc
-                raise trio.BrokenResourceError(f"TLS read failed: {exc}") from exc
-            if not data:
-                self._eof = True
-            self._drained = len(data) < _RECORD
-            return data, waited
+        while (data := self._recv(limit)) is None:
+            readable = not self._read_wants_write
+            self._read_wants_write = False
+            await self._wait(readable=readable)
+            waited = True
+        return data, waited
+
+    def _recv(self, limit: int) -> bytes | None:
+        """One read: plaintext (b"" at EOF), or None when the socket must be waited for first.
+
+        None with ``_read_wants_write`` set: TLS must write before it can read (wait for writable).
+        """
+        try:
+            data = self.socket.recv(limit)
+        except ssl.SSLWantReadError:
+            return None
+        except ssl.SSLWantWriteError:
+            self._read_wants_write = True
+            return None
+        except ssl.SSLZeroReturnError:
+            data = b""
+        except (ssl.SSLError, OSError) as exc:
+            if self._closed:
+                raise trio.ClosedResourceError from exc
+            raise trio.BrokenResourceError(f"TLS read failed: {exc}") from exc
+        if not data:
+            self._eof = True
+        self._drained = len(data) < _RECORD
+        return data
 
     def _read_nowait(self, limit: int) -> bytes:
         """More plaintext if OpenSSL can produce it without blocking; b"" otherwise (or at EOF)."""
@@ -218,30 +225,13 @@ class TLSSocketStream(trio.abc.Stream):
             return b""
         if not self._handshook:
             return None
-        sock = self.socket
-        if self._drained and not sock.pending():
+        if self._drained and not self.socket.pending():
             self._drained = False
             return None
         self._unyielded += 1
         if self._unyielded > _SCHEDULE_EVERY:
             return None
-        try:
-            data = sock.recv(max_bytes)
-        except ssl.SSLWantReadError:
-            return None
-        except ssl.SSLWantWriteError:
-            self._read_wants_write = True
-            return None
-        except ssl.SSLZeroReturnError:
-            data = b""
-        except (ssl.SSLError, OSError) as exc:
-            if self._closed:
-                raise trio.ClosedResourceError from exc
-            raise trio.BrokenResourceError(f"TLS read failed: {exc}") from exc
-        if not data:
-            self._eof = True
-        self._drained = len(data) < _RECORD
-        return data
+        return self._recv(max_bytes)
 
     async def wait_readable(self) -> None:
         """Wait until ``receive_now`` may have something: the handshake done, the socket ready."""
