@@ -598,3 +598,51 @@ async def test_alpn_offer(nursery: trio.Nursery, ca: trustme.CA, http1_only: boo
     await tls.do_handshake()
     assert tls.selected_alpn_protocol() == selected
     await tls.aclose()
+
+
+@pytest.mark.parametrize(
+    ("strict", "answered"),
+    [
+        pytest.param(
+            True,
+            False,
+            id="HTTP/2 header rules are enforced by default: the gateway's framer is checked by h2",
+        ),
+        pytest.param(
+            False, True, id="--lenient-http2 skips h2's header checks (load tests: a cheap stand-in backend)"
+        ),
+    ],
+)
+async def test_http2_header_checks(nursery: trio.Nursery, strict: bool, answered: bool) -> None:
+    """A request header h2 forbids (an upper-case name) ends a strict backend's connection; a lenient
+    backend answers it. Load tests run the lenient one: its CPU shares the machine with the gateway's."""
+    server: BackendServer = await nursery.start(
+        lambda task_status: serve_backend(strict_http2=strict, task_status=task_status)
+    )
+    stream = await trio.open_tcp_stream(server.host, server.port)
+    conn = h2.connection.H2Connection(
+        h2.config.H2Configuration(
+            client_side=True,
+            header_encoding=None,
+            validate_outbound_headers=False,
+            normalize_outbound_headers=False,
+        )
+    )
+    conn.initiate_connection()
+    headers = [(b":method", b"POST"), (b":scheme", b"http"), (b":authority", b"x"), (b":path", b"/allow")]
+    conn.send_headers(1, [*headers, (b"X-Upper", b"1")])
+    conn.send_data(1, encode(review()), end_stream=True)
+    await stream.send_all(conn.data_to_send())
+    statuses: list[bytes] = []
+    ended = False
+    with trio.fail_after(10):
+        while not ended:
+            data = await stream.receive_some(65536)
+            if not data:
+                break
+            for ev in conn.receive_data(data):
+                if isinstance(ev, h2.events.ResponseReceived):
+                    statuses += [v for k, v in ev.headers if k == b":status"]
+                ended = ended or isinstance(ev, h2.events.StreamEnded | h2.events.ConnectionTerminated)
+    assert (statuses == [b"200"]) is answered
+    await stream.aclose()
