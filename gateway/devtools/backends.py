@@ -54,7 +54,7 @@ import math
 import random
 import ssl
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import unquote
@@ -477,6 +477,13 @@ class BackendServer:
         self, method: str, target: str, headers: tuple[tuple[str, str], ...], body: bytes, version: str
     ) -> Reply:
         """Record the call, wait the plan's delay, and compute the reply."""
+        reply = self.reply_for(method, target, headers, body, version)
+        return reply if isinstance(reply, Reply) else await reply()
+
+    def reply_for(
+        self, method: str, target: str, headers: tuple[tuple[str, str], ...], body: bytes, version: str
+    ) -> Reply | Callable[[], Awaitable[Reply]]:
+        """Record the call; its reply, or what gives it when it has to wait (a delay, a conversion)."""
         self.requests += 1
         if self.record_calls:
             self.calls.append(Call(method, target, headers, body, version))
@@ -487,13 +494,19 @@ class BackendServer:
         if target.startswith("/convert"):  # the sample CRD conversion webhook
             from gateway.devtools.conversion import respond as convert
 
-            return await convert(target, body)
+            return functools.partial(convert, target, body)
         plan = self.plan_for(target)
         if isinstance(plan, PlanError):
             return _text(404, str(plan))
-        for delay in plan.delays:
-            await trio.sleep(delay.sample_seconds(self.rng))
-        return answer(plan, body, self.rng)
+        if not plan.delays:
+            return answer(plan, body, self.rng)
+
+        async def delayed(plan: Plan = plan) -> Reply:
+            for delay in plan.delays:
+                await trio.sleep(delay.sample_seconds(self.rng))
+            return answer(plan, body, self.rng)
+
+        return delayed
 
 
 def _headers_str(raw: Any) -> tuple[tuple[str, str], ...]:
@@ -662,31 +675,57 @@ class _H2Session:
         self.window_changed = trio.Event()
 
     def _start(self, stream_id: int, nursery: trio.Nursery) -> None:
+        """Answer a complete request: at once when its reply needs no waiting (its frames join the
+        reader's next write), else from a task of its own, so that a slow reply holds back nobody."""
         entry = self.pending.pop(stream_id, None)
-        if entry is not None:
-            nursery.start_soon(self._respond, stream_id, entry[0], b"".join(entry[1]))
-
-    async def _respond(self, stream_id: int, raw_headers: Any, body: bytes) -> None:
+        if entry is None:
+            return
+        raw_headers, chunks = entry
         pseudo = {bytes(k): bytes(v) for k, v in raw_headers if bytes(k).startswith(b":")}
-        reply = await self.server.respond(
+        reply = self.server.reply_for(
             pseudo.get(b":method", b"").decode(),
             pseudo.get(b":path", b"/").decode("latin-1"),
             _headers_str(raw_headers),
-            body,
+            b"".join(chunks),
             "2",
         )
-        if reply.close:
-            # The nursery's scope covers the reader loop too: the whole connection ends.
-            self.nursery.cancel_scope.cancel()
+        if isinstance(reply, Reply) and self._queue_reply(stream_id, reply):
             return
-        headers = [
+        nursery.start_soon(self._respond, stream_id, reply)
+
+    def _queue_reply(self, stream_id: int, reply: Reply) -> bool:
+        """Queue the whole reply's frames; False when the flow-control windows cannot take the
+        body now (``_respond`` then sends it as they open)."""
+        body = reply.body
+        window = min(self.conn.local_flow_control_window(stream_id), self.conn.max_outbound_frame_size)
+        if reply.close or len(body) > window:
+            return False
+        try:
+            self.conn.send_headers(stream_id, self._reply_headers(reply), end_stream=not body)
+            if body:
+                self.conn.send_data(stream_id, body, end_stream=True)
+        except h2.exceptions.ProtocolError:
+            pass  # the client reset the stream (or the connection is ending): nothing to answer
+        return True
+
+    @staticmethod
+    def _reply_headers(reply: Reply) -> list[tuple[bytes, bytes]]:
+        return [
             (b":status", str(reply.status).encode()),
             (b"content-type", reply.content_type),
             (b"content-length", str(len(reply.body)).encode()),
             *reply.headers,
         ]
+
+    async def _respond(self, stream_id: int, reply: Reply | Callable[[], Awaitable[Reply]]) -> None:
+        if not isinstance(reply, Reply):
+            reply = await reply()
+        if reply.close:
+            # The nursery's scope covers the reader loop too: the whole connection ends.
+            self.nursery.cancel_scope.cancel()
+            return
         try:
-            self.conn.send_headers(stream_id, headers, end_stream=not reply.body)
+            self.conn.send_headers(stream_id, self._reply_headers(reply), end_stream=not reply.body)
             await self._send_body(stream_id, reply.body)
         except h2.exceptions.ProtocolError:
             pass  # the client reset the stream (or the connection is ending): nothing to answer
