@@ -32,7 +32,6 @@ RECEIVE_BYTES = 65536
 STREAM_WINDOW = 4 * 1024 * 1024  # what each call may receive before we acknowledge it
 CONNECTION_WINDOW = 16 * 1024 * 1024
 PROTOCOL_ERROR_GRACE_SECONDS = 1.0  # to write GOAWAY(code) after a peer's protocol error
-BURST_SECONDS = 200e-6  # calls queued closer together than this share the writer's one write
 _MAX_STREAM_ID = h2wire.MAX_STREAM_ID
 
 
@@ -73,7 +72,6 @@ class HTTP2Connection:
         self._on_change = on_change
         self._core = h2wire.ClientConnection(stream_window=STREAM_WINDOW, connection_window=CONNECTION_WINDOW)
         self._writer: trio.lowlevel.Task | None = None  # the writer task while it waits for output
-        self._last_call_at = -math.inf  # when the last call's frames were written or queued
         # TLS streams can write without waiting (``_flush_now``); other streams always use the writer.
         self._send_now = stream.send_now if isinstance(stream, TLSSocketStream) else None
         self._window_waiters: list[_Call] = []
@@ -255,27 +253,21 @@ class HTTP2Connection:
             trio.lowlevel.reschedule(writer)
 
     def _flush_now(self) -> None:
-        """A call's frames: written by the calling task itself when the writer is idle, the call
-        is not part of a burst and the socket takes them at once; else handed to the writer.
+        """A call's frames: written by the calling task itself when it is the connection's only
+        call, the writer is idle and the socket takes them at once; else handed to the writer.
 
-        Speed: waking the writer is a task switch on the path of every call (~5-10 µs, and
-        latency); a non-blocking write that either completes or leaves the bytes queued cannot be
+        Speed: waking the writer is a task switch on the path of every call (~10 µs, and latency);
+        a non-blocking write that either completes or leaves the bytes queued cannot be
         interrupted, so a cancelled call still never leaves half a frame on the wire. What the
         socket does not take goes back to the front of the output: TLS must be given the same
         bytes again (``TLSSocketStream.send_now``), and the writer's next write starts with them.
-
-        A burst is a call queued within ``BURST_SECONDS`` of the connection's previous one, as a
-        fan-out's calls to one origin are: the first call writes itself, and the writer, which
-        runs once the calls started with it have queued their frames, carries all of those in one
-        write (a system call and a TLS record fewer per call). Calls further apart, as concurrent
-        reviews' calls mostly are, each write their own: batching them would only add a switch.
         """
         core = self._core
         send_now = self._send_now
-        now = trio.current_time()
-        burst = now - self._last_call_at < BURST_SECONDS
-        self._last_call_at = now
-        if send_now is None or burst or self._writer is None or self._closing or not core.output:
+        # Only a call alone on its connection writes itself: with others in flight (a fan-out, or
+        # concurrent reviews) the writer's one write carries all their frames, which costs less
+        # than a system call (and a TLS record) for each.
+        if send_now is None or self._writer is None or self.reserved > 1 or self._closing or not core.output:
             self._flush()
             return
         data = core.data_to_send()
