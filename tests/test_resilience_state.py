@@ -296,6 +296,17 @@ def test_lag_samples_expire_and_an_overdue_probe_counts_as_lag() -> None:
     assert shedder.try_start() == "event_loop_lag"
 
 
+def test_a_loop_blocked_before_the_first_sample_counts_as_lag() -> None:
+    """A loop blocked right after the probe started, before its first sample, is lag: how overdue the first sample is."""
+    clock = VirtualClock()
+    shedder = Shedder(ShedPolicy(max_event_loop_lag=0.2, lag_probe_interval=0.05, lag_window=1.0), clock)
+    shedder.probe_started()
+    assert isinstance(shedder.try_start(), ReviewSlot)
+    clock.advance(0.5)  # the first sample was due at 0.05 s
+    assert shedder.lag() == pytest.approx(0.45)
+    assert shedder.try_start() == "event_loop_lag"
+
+
 def test_finished_reviews_free_the_in_flight_bound() -> None:
     shedder = Shedder(ShedPolicy(max_in_flight=1), VirtualClock())
     slot = shedder.try_start()

@@ -91,6 +91,10 @@ class Shedder:
 
     # --- event-loop lag ---
 
+    def probe_started(self) -> None:
+        """The probe is running: from now on its first sample can be overdue, like any later one."""
+        self._last_sample_at = self._clock()
+
     def observe_lag(self, lag: float) -> None:
         """One probe result: the probe woke ``lag`` seconds later than it asked to."""
         now = self._clock()

@@ -43,6 +43,8 @@ class OverloadGate:
     async def run_lag_probe(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Sleep ``lag_probe_interval`` over and over; how late each wake-up is, is the loop's lag."""
         interval = self.policy.lag_probe_interval
+        # A loop blocked before the first wake-up is lag too (the review may run before the probe).
+        self.shedder.probe_started()
         task_status.started()
         while True:
             asked = trio.current_time() + interval
