@@ -206,3 +206,42 @@ async def test_shutdown_waits_for_the_request_in_flight(nursery: trio.Nursery) -
         assert await _request(stream, conn, "/sleep/600") == (200, b"slept " + b"x" * 100)
     assert await _closed_by_server(stream, 3.0)
     await stream.aclose()
+
+
+class _TaskStarts(trio.abc.Instrument):
+    """Counts the tasks trio starts."""
+
+    def __init__(self) -> None:
+        self.started = 0
+
+    def task_spawned(self, task: trio.lowlevel.Task) -> None:
+        self.started += 1
+
+
+async def test_keep_alive_requests_start_no_task_each(nursery: trio.Nursery) -> None:
+    """speed: on a keep-alive connection a plain request's app runs in the task that read it; reading moves to one spare task, reused for every later request, and a caller going away is still noticed."""
+    app = App()
+    port, stop = await serve_asgi(nursery, app, keep_alive_timeout=5.0)
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    conn = h11.Connection(h11.CLIENT)
+    assert await _request(stream, conn, "/sleep/0") == (200, b"slept " + b"x" * 100)  # the spare starts
+    starts = _TaskStarts()
+    trio.lowlevel.add_instrument(starts)
+    try:
+        for _ in range(20):
+            assert await _request(stream, conn, "/sleep/1") == (200, b"slept " + b"x" * 100)
+    finally:
+        trio.lowlevel.remove_instrument(starts)
+    assert starts.started == 0
+    # The spare reads while the app runs: closing mid-request still cancels the request.
+    data = conn.send(
+        h11.Request(method="POST", target="/sleep/5000", headers=[("host", "t"), ("content-length", "1")])
+    )
+    await stream.send_all(data + conn.send(h11.Data(data=b"x")) + conn.send(h11.EndOfMessage()))
+    await trio.sleep(0.2)
+    await stream.aclose()
+    with trio.fail_after(2):
+        while len(app.disconnected) < 22:
+            await trio.sleep(0.02)
+    assert app.cancelled == 1
+    stop.set()

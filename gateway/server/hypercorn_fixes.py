@@ -37,6 +37,9 @@ control-frame budget (GOAWAY ENHANCE_YOUR_CALM).
   nursery and a watcher task to be cancelled when its caller goes away (about 50 µs).
 - ``_Watchdog`` moves the deadline of one timer task per connection instead of cancelling a task
   and starting a new one (under a lock, with ``nursery.start``) twice per request.
+- The app of a plain HTTP/1.1 request whose body came with its head runs in the task that read
+  it, at once; another task of the connection reads meanwhile (``hand_over_reading``): no task is
+  started per request, and the reader's way back to sleep no longer comes before the review.
 - ``GatewayH11Protocol`` writes an HTTP/1.1 response head together with its body (one TLS record,
   one ``send``) and skips the empty write of a Content-Length message's end (about 30 µs); a plain
   request and its whole reply bypass h11's state machine (``http11_fast``, checked against h11).
@@ -187,6 +190,7 @@ class GatewayTaskGroup(TaskGroup):
     def __init__(self, server: GatewayTCPServer | None = None) -> None:
         super().__init__()
         self._server = server
+        self._inline: Callable[[], Awaitable[None]] | None = None
 
     def cancel(self) -> None:
         if self._nursery is not None:
@@ -220,8 +224,13 @@ class GatewayTaskGroup(TaskGroup):
         *,
         stream_id: int,
         http11: bool,
+        inline: bool = False,
     ) -> Callable[[Any], Awaitable[None]]:
-        """Start the app's task for one request; returns where the request's messages go."""
+        """Start the app's task for one request; returns where the request's messages go.
+
+        ``inline``: the app is not started here but kept for ``run_inline``, which the reading task
+        calls once the request's body is queued (see ``GatewayTCPServer.hand_over_reading``).
+        """
         queue = RequestQueue(config.max_app_queue_size)
         server = self._server
         if server is not None:
@@ -234,10 +243,23 @@ class GatewayTaskGroup(TaskGroup):
                 send = server.bounded_send(send)
         assert self._nursery is not None
         handle: Any = _handle  # hypercorn types receive as its own event union
+        if inline and server is not None:
+            self._inline = partial(
+                handle, app, config, scope, queue.receive, send, trio.to_thread.run_sync, trio.from_thread.run
+            )
+            return queue.put
         self._nursery.start_soon(
             handle, app, config, scope, queue.receive, send, trio.to_thread.run_sync, trio.from_thread.run
         )
         return queue.put
+
+    async def run_inline(self) -> None:
+        """Run the app kept by ``start_request(inline=True)`` in this task, which stops reading."""
+        call, self._inline = self._inline, None
+        if call is not None:
+            assert self._server is not None
+            self._server.hand_over_reading()
+            await call()
 
 
 # --- speed + protection: HTTP/1.1 -----------------------------------------------------------------
@@ -316,10 +338,13 @@ class GatewayH11Protocol(H11Protocol):
         self.stream = stream
         headers = request.headers
         scope_headers = request.raw_headers if self.config.h11_pass_raw_headers else headers
-        await stream.start(request.method, request.target, b"1.1", headers, scope_headers)
+        whole = request.body_left == 0
+        await stream.start(request.method, request.target, b"1.1", headers, scope_headers, inline=whole)
         self.keep_alive_requests += 1
         await self.context.mark_request()
-        await stream.body(body, end=request.body_left == 0)
+        await stream.body(body, end=whole)
+        if whole:
+            await self.task_group.run_inline()  # type: ignore[attr-defined]
 
     async def _fast_data(self, exchange: _FastExchange, data: bytes) -> None:
         """More bytes during a fast exchange: the rest of its body, then perhaps a next request."""
@@ -549,11 +574,14 @@ class GatewayHTTPStream(HTTPStream):
         http_version: bytes,
         headers: Iterable[tuple[bytes, bytes]],
         scope_headers: list[tuple[bytes, bytes]],
+        *,
+        inline: bool = False,
     ) -> None:
         """The request head arrived: build the ASGI scope and start the app.
 
         ``headers`` with lower-case names; ``scope_headers`` the list the app is given (names as
-        sent with ``h11_pass_raw_headers``).
+        sent with ``h11_pass_raw_headers``); ``inline``: the caller runs the app itself
+        (``GatewayTaskGroup.run_inline``) once it has queued the body.
         """
         self.start_time = time()
         config = self.config
@@ -580,7 +608,7 @@ class GatewayHTTPStream(HTTPStream):
             return
         task_group: Any = self.task_group
         self.app_put = task_group.start_request(
-            self.app, config, self.scope, self.app_send, stream_id=self.stream_id, http11=True
+            self.app, config, self.scope, self.app_send, stream_id=self.stream_id, http11=True, inline=inline
         )
 
     async def body(self, data: bytes, *, end: bool) -> None:
@@ -759,6 +787,11 @@ class GatewayTCPServer(TCPServer):
         self.aborted = False
         self._goaway_sent = False
         self._task_group: GatewayTaskGroup | None = None  # type: ignore[assignment]
+        # The task reading from the client right now (None: one is being started); see
+        # ``hand_over_reading``. A task that ran a request's app waits in ``_spare`` to read again.
+        self._reader: trio.lowlevel.Task | None = None
+        self._spare = trio.lowlevel.ParkingLot()
+        self._read_over = False
 
     # --- the listener's side ------------------------------------------------------------------
 
@@ -892,11 +925,6 @@ class GatewayTCPServer(TCPServer):
                 if self.runtime.terminating:
                     self.watchdog.poke()
                 await self._read_data()
-                # The client is gone: its requests were told (http.disconnect) and end now; those
-                # that cannot (a reply stuck in a send) are cancelled shortly after. Nothing waits
-                # for the keep-alive timer.
-                self.watchdog.stop()
-                task_group.cancel_after(_RELEASE_GRACE)
         except OSError:
             pass
         finally:
@@ -905,9 +933,36 @@ class GatewayTCPServer(TCPServer):
             else:
                 await self._close()
 
+    def hand_over_reading(self) -> None:
+        """The reading task is about to run a request's app itself: another task reads meanwhile.
+
+        Speed, one review at a time: the app runs at once in the task that read its request, instead
+        of in a task started for it that runs only after the reader has gone back to wait for the
+        socket (the reader's way to sleep, a task start and a pass of the run loop sat between
+        the request and its backend call). What the client does meanwhile is read as before, by
+        the other task: a client that closes still cancels its review (``http.disconnect``). The
+        two tasks swap roles: the one that ran the app waits in ``_spare`` to read again, so a
+        connection has at most one spare task and starts none per request.
+        """
+        woken = self._spare.unpark()
+        if woken:
+            self._reader = woken[0]
+        else:
+            self._reader = None
+            assert self._task_group is not None
+            self._task_group.spawn(self._read_data)
+
     async def _read_data(self) -> None:
+        me = trio.lowlevel.current_task()
+        if self._reader is None:
+            self._reader = me
         watchdog = self.watchdog
         while True:
+            if self._reader is not me:  # reading moved on while this task ran an app
+                if self._read_over or len(self._spare):
+                    return
+                await self._spare.park()  # until hand_over_reading names it the reader, or the end
+                continue
             try:
                 data = await self.stream.receive_some(MAX_RECV)
             except (trio.ClosedResourceError, trio.BrokenResourceError):
@@ -925,8 +980,16 @@ class GatewayTCPServer(TCPServer):
                 protocol: Any = self.protocol.protocol
                 if protocol.budget._preface == 0:  # the connection preface is in: idle from now
                     watchdog.set(trio.current_time() + self.config.keep_alive_timeout, "idle_timeout")
+        self._read_over = True
+        self._spare.unpark_all()
         with trio.CancelScope(shield=True):
             await self.protocol.handle(Closed())
+        # The client is gone: its requests were told (http.disconnect) and end now; those that
+        # cannot (a reply stuck in a send) are cancelled shortly after. Nothing waits for the
+        # keep-alive timer.
+        watchdog.stop()
+        if self._task_group is not None:
+            self._task_group.cancel_after(_RELEASE_GRACE)
 
     async def protocol_send(self, event: Any) -> None:
         if isinstance(event, RawData):
