@@ -219,16 +219,28 @@ class _TaskStarts(trio.abc.Instrument):
 
 
 async def test_keep_alive_requests_start_no_task_each(nursery: trio.Nursery) -> None:
-    """speed: on a keep-alive connection a plain request's app runs in the task that read it; reading moves to one spare task, reused for every later request, and a caller going away is still noticed."""
+    """speed: on an otherwise idle gateway a plain request's app runs in the task that read it; reading moves to one spare task, reused for every later request, and a caller going away is still noticed."""
     app = App()
     port, stop = await serve_asgi(nursery, app, keep_alive_timeout=5.0)
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     conn = h11.Connection(h11.CLIENT)
     assert await _request(stream, conn, "/sleep/0") == (200, b"slept " + b"x" * 100)  # the spare starts
+
+    # Two requests at once on two more connections: the second finds the first in flight and gets a
+    # task of its own; once both are answered the gateway counts as idle again.
+    async def one_more() -> None:
+        other = await trio.open_tcp_stream("127.0.0.1", port)
+        assert await _request(other, h11.Connection(h11.CLIENT), "/sleep/50") == (200, b"slept " + b"x" * 100)
+        await other.aclose()
+
+    async with trio.open_nursery() as pair:
+        pair.start_soon(one_more)
+        pair.start_soon(one_more)
     starts = _TaskStarts()
     trio.lowlevel.add_instrument(starts)
     try:
         for _ in range(20):
+            await trio.sleep(0.005)  # one request at a time, not back to back (a busy gateway batches)
             assert await _request(stream, conn, "/sleep/1") == (200, b"slept " + b"x" * 100)
     finally:
         trio.lowlevel.remove_instrument(starts)
@@ -241,7 +253,7 @@ async def test_keep_alive_requests_start_no_task_each(nursery: trio.Nursery) -> 
     await trio.sleep(0.2)
     await stream.aclose()
     with trio.fail_after(2):
-        while len(app.disconnected) < 22:
+        while len(app.disconnected) < 24:  # 1 + 2 + 20 answered, and the one cancelled
             await trio.sleep(0.02)
     assert app.cancelled == 1
     stop.set()
