@@ -83,6 +83,16 @@ async def _request(stream: trio.SocketStream, conn: h11.Connection, path: str) -
             return status, reply
 
 
+async def _close_mid_request(stream: trio.SocketStream, conn: h11.Connection) -> None:
+    """Send a whole request the app takes 5 s to answer, and close the connection 0.2 s later."""
+    data = conn.send(
+        h11.Request(method="POST", target="/sleep/5000", headers=[("host", "t"), ("content-length", "1")])
+    )
+    await stream.send_all(data + conn.send(h11.Data(data=b"x")) + conn.send(h11.EndOfMessage()))
+    await trio.sleep(0.2)
+    await stream.aclose()
+
+
 async def _closed_by_server(stream: trio.SocketStream, within: float) -> bool:
     with trio.move_on_after(within):
         return await stream.receive_some(1) == b""
@@ -164,13 +174,7 @@ async def test_caller_going_away_is_reported_to_the_queue(nursery: trio.Nursery)
     app = App()
     port, stop = await serve_asgi(nursery, app, keep_alive_timeout=5.0)
     stream = await trio.open_tcp_stream("127.0.0.1", port)
-    conn = h11.Connection(h11.CLIENT)
-    data = conn.send(
-        h11.Request(method="POST", target="/sleep/5000", headers=[("host", "t"), ("content-length", "1")])
-    )
-    await stream.send_all(data + conn.send(h11.Data(data=b"x")) + conn.send(h11.EndOfMessage()))
-    await trio.sleep(0.2)
-    await stream.aclose()
+    await _close_mid_request(stream, h11.Connection(h11.CLIENT))
     with trio.fail_after(2):
         while not app.disconnected:
             await trio.sleep(0.02)
@@ -246,12 +250,7 @@ async def test_keep_alive_requests_start_no_task_each(nursery: trio.Nursery) -> 
         trio.lowlevel.remove_instrument(starts)
     assert starts.started == 0
     # The spare reads while the app runs: closing mid-request still cancels the request.
-    data = conn.send(
-        h11.Request(method="POST", target="/sleep/5000", headers=[("host", "t"), ("content-length", "1")])
-    )
-    await stream.send_all(data + conn.send(h11.Data(data=b"x")) + conn.send(h11.EndOfMessage()))
-    await trio.sleep(0.2)
-    await stream.aclose()
+    await _close_mid_request(stream, conn)
     with trio.fail_after(2):
         while len(app.disconnected) < 24:  # 1 + 2 + 20 answered, and the one cancelled
             await trio.sleep(0.02)
