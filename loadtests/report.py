@@ -15,7 +15,7 @@ import msgspec
 
 from loadtests.runner import RunResult
 from loadtests.soak import describe_rss, summarize_rss
-from loadtests.stats import LatencySummary, PhaseResult, median_result
+from loadtests.stats import BucketPercentiles, LatencySummary, PhaseResult, median_result
 
 
 def _f(value: float | None, fmt: str = "{:,.1f}") -> str:
@@ -82,6 +82,22 @@ def _latency_cells(s: LatencySummary) -> list[str]:
     return [_f(v, "{:.2f}") for v in (s.p50_ms, s.p90_ms, s.p99_ms, s.p999_ms)] + [_f(s.max_ms, "{:.1f}")]
 
 
+def _bound(ms: float) -> str:
+    return "above every bucket" if math.isinf(ms) else f"≤ {ms:g} ms"
+
+
+def _own_view(review: BucketPercentiles, work: BucketPercentiles | None) -> str:
+    """The gateway phase as the gateway's own /metrics saw it (bucket bounds, ms)."""
+
+    def three(p: BucketPercentiles) -> str:
+        return f"p50 {_bound(p.p50_ms)}, p99 {_bound(p.p99_ms)}, p99.9 {_bound(p.p999_ms)}"
+
+    text = f"  gateway's own /metrics: reviews {three(review)}"
+    if work is not None:
+        text += f"; its own work in them {three(work)}"
+    return text
+
+
 def table(result: RunResult) -> str:
     """The terminal table: one row per phase and load point, then ratios and errors."""
     head = _row([name for name, _ in _COLUMNS])
@@ -104,6 +120,8 @@ def table(result: RunResult) -> str:
             )
             for cls, s in r.by_class.items():
                 lines.append(_row([f"  {cls}", "", f"n={s.count:,}", *_latency_cells(s)]))
+            if r.gateway_review is not None:
+                lines.append(_own_view(r.gateway_review, r.gateway_work))
         if "direct" in point and "gateway" in point:
             d, g = point["direct"], point["gateway"]
             ratio = g.throughput_rps / d.throughput_rps if d.throughput_rps else math.nan
@@ -145,6 +163,14 @@ def table(result: RunResult) -> str:
         "CPU µs/rev: the measured server process (gateway; in the direct row, the backend fleet);"
         " backend µs: the fleet process, per review"
     )
+    if any(r.gateway_review is not None for point in medians(result) for r in point.values()):
+        lines.append(
+            "gateway's own /metrics: the measured phase in its review_duration and review_overhead"
+            " histograms (the bound of the bucket holding each percentile); its clock starts when it"
+            " has read a request's head and stops when the answer is written, and its own work is that"
+            " minus the time spent waiting for backends. What the generator sees beyond that was spent"
+            " outside the review: waiting to be read, in the kernel, in the generator."
+        )
     return "\n".join(lines)
 
 

@@ -28,7 +28,14 @@ from loadtests.scenarios import (
     expect_gateway,
     write_configs,
 )
-from loadtests.stats import PhaseResult, Recorder, summarize
+from loadtests.stats import (
+    BucketPercentiles,
+    PhaseResult,
+    Recorder,
+    bucket_percentiles,
+    histogram_buckets,
+    summarize,
+)
 from loadtests.verify import INJECTED, OK, Verifier
 
 
@@ -287,6 +294,29 @@ class RunResult:
     rss: soak.RssSeries | None = None  # --rss-every: the gateway's resident set over the run
 
 
+async def _scrape(probe: Endpoint | None) -> str | None:
+    """The gateway's /metrics text, or None (no probe, or no answer within 10 s)."""
+    if probe is None:
+        return None
+    with trio.move_on_after(10):
+        with contextlib.suppress(OSError, RuntimeError, ConnectionLostError, trio.TooSlowError):
+            return await processes.scrape_metrics(probe)
+    return None
+
+
+def gateway_view(before: str, after: str) -> tuple[BucketPercentiles | None, BucketPercentiles | None]:
+    """From two /metrics texts: percentiles of whole reviews as the gateway timed them (from the
+    request's start to its answer), and of the gateway's own work in them (minus backend time)."""
+
+    def percentiles(name: str) -> BucketPercentiles | None:
+        return bucket_percentiles(histogram_buckets(before, name), histogram_buckets(after, name))
+
+    return (
+        percentiles("webhook_gateway_review_duration_seconds"),
+        percentiles("webhook_gateway_review_overhead_seconds"),
+    )
+
+
 def _pid_of(pidfile: Path) -> int | None:
     try:
         return int(pidfile.read_text().strip())
@@ -492,7 +522,11 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
                     # Soak (--reload-every, --rss-every): only during the measured gateway phases.
                     soak_gw = gateway if name == "gateway" else None
                     churning = churn if soak_gw is not None and probe is not None else None
-                    before = await soak.read_reload_counts(probe) if churning and probe else (0, 0)
+                    # The gateway's /metrics before and after its measured phase: its own view of it.
+                    own_before = await _scrape(probe) if soak_gw is not None else None
+                    if churning is not None and own_before is None:
+                        raise RuntimeError("the gateway's /metrics did not answer before a soak phase")
+                    before = soak.reload_counts(own_before or "")
                     written = churn.written if churn is not None else 0
                     async with trio.open_nursery() as soak_tasks:
                         if churning is not None and opts.reload_every:
@@ -536,6 +570,10 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
                     if fleet and "fleet" in snap:
                         fleet_cpu = processes.proc_cpu_seconds(fleet.pid) - snap["fleet"]
                         extra["backend_cpu_us_per_review"] = fleet_cpu / n * 1e6
+                    # After the CPU readings: rendering /metrics is not the phase's work.
+                    own_after = await _scrape(probe) if own_before is not None else None
+                    if own_before is not None and own_after is not None:
+                        extra["gateway_review"], extra["gateway_work"] = gateway_view(own_before, own_after)
                     point[name].append(summarize(name, rec, offered, **extra))
                     # The histogram shows the first (lowest) load point: saturation is in the left plot.
                     result.latencies.setdefault(name, rec.all_latencies())

@@ -6,6 +6,7 @@ Pure and synchronous; the generator records into a ``Recorder`` and the report r
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from array import array
 from collections import Counter
@@ -47,6 +48,55 @@ class LatencySummary:
             return cls(0, nan, nan, nan, nan, nan, nan)
         p50, p90, p99, p999 = (percentile(values, q) * 1000 for q in PERCENTILES)
         return cls(len(values), statistics.fmean(values) * 1000, p50, p90, p99, p999, values[-1] * 1000)
+
+
+@dataclass(frozen=True)
+class BucketPercentiles:
+    """Percentiles of what a Prometheus histogram observed between two scrapes.
+
+    Each is the upper bound, in ms, of the bucket that holds it (a histogram knows no more):
+    ``p99_ms = 5.0`` reads "99 % took at most 5 ms". ``inf`` beyond the last finite bound.
+    """
+
+    count: int
+    p50_ms: float
+    p99_ms: float
+    p999_ms: float
+
+
+_BUCKET = re.compile(r'^(\w+)_bucket\{(?:[^}]*,)?le="([^"]+)"[^}]*\} (\S+)$', re.MULTILINE)
+
+
+def histogram_buckets(metrics: str, name: str) -> dict[float, float]:
+    """Cumulative bucket counts (upper bound in seconds -> count) of histogram ``name`` in a Prometheus
+    text exposition, summed over its label sets."""
+    out: dict[float, float] = {}
+    for metric, le, value in _BUCKET.findall(metrics):
+        if metric == name:
+            bound = float(le)  # "+Inf" parses to inf
+            out[bound] = out.get(bound, 0.0) + float(value)
+    return out
+
+
+def bucket_percentiles(before: dict[float, float], after: dict[float, float]) -> BucketPercentiles | None:
+    """The percentiles of the observations made between the scrapes ``before`` and ``after`` of one
+    histogram; None when nothing was observed (or the histogram is not exposed)."""
+    bounds = sorted(after)
+    if not bounds:
+        return None
+    cumulative = [after[b] - before.get(b, 0.0) for b in bounds]
+    total = cumulative[-1]
+    if total <= 0:
+        return None
+
+    def bound_of(q: float) -> float:
+        rank = math.ceil(round(q * total / 100.0, 9))
+        for bound, count in zip(bounds, cumulative, strict=True):
+            if count >= rank:
+                return bound * 1000
+        return math.inf
+
+    return BucketPercentiles(int(total), bound_of(50.0), bound_of(99.0), bound_of(99.9))
 
 
 @dataclass
@@ -105,6 +155,9 @@ class PhaseResult:
     peak_rss_mb: float | None = None
     backend_cpu_us_per_review: float | None = None
     generator_cpu_us_per_review: float | None = None
+    # The gateway's own view of the phase (its /metrics): whole reviews, and its own work in them.
+    gateway_review: BucketPercentiles | None = None
+    gateway_work: BucketPercentiles | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -147,6 +200,16 @@ def median_result(results: Sequence[PhaseResult]) -> PhaseResult:
             },
         )
 
+    def med_buckets(views: Iterable[BucketPercentiles | None]) -> BucketPercentiles | None:
+        seen = [v for v in views if v is not None]
+        if not seen:
+            return None
+        return BucketPercentiles(
+            int(statistics.median(v.count for v in seen)),
+            # median_high: an even number of runs still gives a bucket's bound, the higher one
+            *(statistics.median_high(getattr(v, f) for v in seen) for f in ("p50_ms", "p99_ms", "p999_ms")),
+        )
+
     errors: Counter[str] = Counter()
     for r in results:
         errors.update(r.errors)
@@ -168,4 +231,6 @@ def median_result(results: Sequence[PhaseResult]) -> PhaseResult:
         peak_rss_mb=max((r.peak_rss_mb for r in results if r.peak_rss_mb is not None), default=None),
         backend_cpu_us_per_review=med(r.backend_cpu_us_per_review for r in results),
         generator_cpu_us_per_review=med(r.generator_cpu_us_per_review for r in results),
+        gateway_review=med_buckets(r.gateway_review for r in results),
+        gateway_work=med_buckets(r.gateway_work for r in results),
     )

@@ -5,6 +5,7 @@ answer verification, scenario expectations and configs, the backend fleet driven
 from __future__ import annotations
 
 import base64
+import dataclasses
 import itertools
 import json
 import math
@@ -23,7 +24,17 @@ from loadtests.fixtures import SLOW_LABEL, review_templates
 from loadtests.runner import Options, run
 from loadtests.scenarios import SCENARIOS, Expectation, build, expect_direct, expect_gateway, write_configs
 from loadtests.soak import ConfigChurn, reload_counts, summarize_rss
-from loadtests.stats import LatencySummary, PhaseResult, Recorder, median_result, percentile, summarize
+from loadtests.stats import (
+    BucketPercentiles,
+    LatencySummary,
+    PhaseResult,
+    Recorder,
+    bucket_percentiles,
+    histogram_buckets,
+    median_result,
+    percentile,
+    summarize,
+)
 from loadtests.verify import INJECTED, OK, Verifier
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,6 +99,66 @@ def test_median_of_repeats() -> None:
     med = median_result([_phase(100, 3, {}), _phase(300, 1, {"x": 1}), _phase(200, 2, {"x": 2})])
     assert (med.throughput_rps, med.latency.p50_ms, med.cpu_us_per_review) == (200, 2, 20)
     assert med.errors == {"x": 3}
+
+
+def _exposition(counts: dict[str, int], name: str = "webhook_gateway_review_duration_seconds") -> str:
+    """A Prometheus text exposition of one histogram, split over two label sets."""
+    lines = [f"# TYPE {name} histogram"]
+    for endpoint, share in (("validating", 1), ("mutating", 0)):
+        for le, n in counts.items():
+            lines.append(f'{name}_bucket{{endpoint="{endpoint}",le="{le}"}} {float(n * share)}')
+    return "\n".join(lines) + "\n"
+
+
+INF = math.inf
+OWN_VIEWS = [
+    pytest.param(
+        {"0.001": 0, "0.005": 0, "+Inf": 0},
+        {"0.001": 900, "0.005": 995, "+Inf": 1000},
+        BucketPercentiles(1000, 1.0, 5.0, INF),
+        id="each percentile is the bound of the bucket holding it; past the last finite bound it is infinite",
+    ),
+    pytest.param(
+        {"0.001": 500, "0.005": 500, "+Inf": 500},
+        {"0.001": 510, "0.005": 600, "+Inf": 600},
+        BucketPercentiles(100, 5.0, 5.0, 5.0),
+        id="only what was observed between the two scrapes counts (the warm-up is left out)",
+    ),
+    pytest.param(
+        {"0.001": 7, "+Inf": 7},
+        {"0.001": 7, "+Inf": 7},
+        None,
+        id="nothing observed between the scrapes: no view",
+    ),
+    pytest.param({}, {}, None, id="a gateway that does not expose the histogram: no view"),
+]
+
+
+@pytest.mark.parametrize(("before", "after", "expected"), OWN_VIEWS)
+def test_gateway_view_from_two_scrapes(
+    before: dict[str, int], after: dict[str, int], expected: BucketPercentiles | None
+) -> None:
+    name = "webhook_gateway_review_duration_seconds"
+    old, new = histogram_buckets(_exposition(before), name), histogram_buckets(_exposition(after), name)
+    assert bucket_percentiles(old, new) == expected
+
+
+def test_histogram_buckets_sum_label_sets_and_read_only_the_named_histogram() -> None:
+    text = (
+        'webhook_gateway_review_duration_seconds_bucket{decision="allowed",endpoint="validating",le="0.001"} 3.0\n'
+        'webhook_gateway_review_duration_seconds_bucket{decision="denied",endpoint="validating",le="0.001"} 4.0\n'
+        'webhook_gateway_review_duration_seconds_bucket{decision="denied",endpoint="validating",le="+Inf"} 5.0\n'
+        'webhook_gateway_review_overhead_seconds_bucket{endpoint="validating",le="0.001"} 99.0\n'
+        "webhook_gateway_review_duration_seconds_count 5.0\n"
+    )
+    assert histogram_buckets(text, "webhook_gateway_review_duration_seconds") == {0.001: 7.0, INF: 5.0}
+
+
+def test_median_of_repeats_keeps_the_gateway_view_on_bucket_bounds() -> None:
+    """With an even number of runs the median of two bounds is the higher bound, never between them."""
+    views = [BucketPercentiles(10, 1.0, 2.5, 5.0), BucketPercentiles(12, 1.0, 5.0, 10.0)]
+    runs = [dataclasses.replace(_phase(100, 1, {}), gateway_review=view) for view in views]
+    assert median_result(runs).gateway_review == BucketPercentiles(11, 1.0, 5.0, 10.0)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -495,6 +566,9 @@ def test_quick_smoke_against_the_gateway(args: list[str], tmp_path: Path) -> Non
     gateway = doc["points"][0]["median"]["gateway"]
     assert gateway["ok"] > 0
     assert gateway["errors"] == {}
+    # The gateway's own /metrics saw the measured phase (not the warm-up): as many reviews as answered.
+    assert gateway["gateway_review"]["count"] == gateway["ok"] * len(build(args[0]).endpoints)
+    assert "gateway's own /metrics: reviews p50" in proc.stdout
 
 
 @pytest.mark.parametrize(
@@ -640,6 +714,9 @@ def test_soak_reloads_are_applied_and_rss_is_sampled(args: list[str], tmp_path: 
     gateway = doc["points"][0]["median"]["gateway"]
     assert gateway["ok"] > 0
     assert gateway["errors"] == {}
+    # The gateway's own /metrics saw the measured phase (not the warm-up): as many reviews as answered.
+    assert gateway["gateway_review"]["count"] == gateway["ok"] * len(build(args[0]).endpoints)
+    assert "gateway's own /metrics: reviews p50" in proc.stdout
     reloads = doc["reloads"]
     assert reloads["applied"] >= 2
     assert reloads["refused"] == 0
