@@ -168,8 +168,9 @@ def table(result: RunResult) -> str:
             "gateway's own /metrics: the measured phase in its review_duration and review_overhead"
             " histograms (the bound of the bucket holding each percentile); its clock starts when it"
             " has read a request's head and stops when the answer is written, and its own work is that"
-            " minus the time spent waiting for backends. What the generator sees beyond that was spent"
-            " outside the review: waiting to be read, in the kernel, in the generator."
+            " minus the time spent waiting for backends (a reply waiting for the busy gateway to read it"
+            " counts as waiting). What the generator sees beyond that was spent outside the review:"
+            " waiting to be read, in the kernel, in the generator."
         )
     return "\n".join(lines)
 
