@@ -907,8 +907,8 @@ def test_a_peer_sending_as_many_pings_and_reading_the_acks_is_answered_every_tim
             8 * 1024,
             0.0,
             1,
-            "none",
-            id="a call with others in flight on its connection leaves its frames to the writer's one write",
+            "whole",
+            id="a call with others in flight on its connection also writes its own frames when the writer is idle",
         ),
     ],
 )
