@@ -298,9 +298,11 @@ async def _scrape(probe: Endpoint | None) -> str | None:
     """The gateway's /metrics text, or None (no probe, or no answer within 10 s)."""
     if probe is None:
         return None
-    with trio.move_on_after(10):
-        with contextlib.suppress(OSError, RuntimeError, ConnectionLostError, trio.TooSlowError):
-            return await processes.scrape_metrics(probe)
+    with (
+        trio.move_on_after(10),
+        contextlib.suppress(OSError, RuntimeError, ConnectionLostError, trio.TooSlowError),
+    ):
+        return await processes.scrape_metrics(probe)
     return None
 
 

@@ -6,13 +6,14 @@ Pure and synchronous; the generator records into a ``Recorder`` and the report r
 from __future__ import annotations
 
 import math
-import re
 import statistics
 from array import array
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 
@@ -23,9 +24,13 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
         return math.nan
     if q <= 0:
         return sorted_values[0]
+    return sorted_values[min(_rank(q, len(sorted_values)), len(sorted_values)) - 1]
+
+
+def _rank(q: float, count: float) -> int:
+    """The nearest rank of percentile ``q`` (0..100) among ``count`` values (1-based)."""
     # Rounding first: 99.9 / 100 * 1000 is 999.0000000000001 in floating point.
-    rank = math.ceil(round(q * len(sorted_values) / 100.0, 9))
-    return sorted_values[min(rank, len(sorted_values)) - 1]
+    return math.ceil(round(q * count / 100.0, 9))
 
 
 @dataclass(frozen=True)
@@ -64,17 +69,16 @@ class BucketPercentiles:
     p999_ms: float
 
 
-_BUCKET = re.compile(r'^(\w+)_bucket\{(?:[^}]*,)?le="([^"]+)"[^}]*\} (\S+)$', re.MULTILINE)
-
-
 def histogram_buckets(metrics: str, name: str) -> dict[float, float]:
     """Cumulative bucket counts (upper bound in seconds -> count) of histogram ``name`` in a Prometheus
     text exposition, summed over its label sets."""
     out: dict[float, float] = {}
-    for metric, le, value in _BUCKET.findall(metrics):
-        if metric == name:
-            bound = float(le)  # "+Inf" parses to inf
-            out[bound] = out.get(bound, 0.0) + float(value)
+    wanted = f"{name}_bucket"
+    for family in text_string_to_metric_families(metrics):
+        for sample in family.samples:
+            if sample.name == wanted:
+                bound = float(sample.labels["le"])  # "+Inf" parses to inf
+                out[bound] = out.get(bound, 0.0) + sample.value
     return out
 
 
@@ -90,7 +94,7 @@ def bucket_percentiles(before: dict[float, float], after: dict[float, float]) ->
         return None
 
     def bound_of(q: float) -> float:
-        rank = math.ceil(round(q * total / 100.0, 9))
+        rank = _rank(q, total)
         for bound, count in zip(bounds, cumulative, strict=True):
             if count >= rank:
                 return bound * 1000

@@ -267,9 +267,8 @@ class HTTP2Connection:
         # Also with other calls in flight on the connection (concurrent reviews): leaving their
         # frames to the writer, for one write to carry several, cost more than it saved. Measured
         # in interleaved A/B (docs/performance.md, sixth session): fanout5 862 -> 825 µs per review
-        # (7 rounds of 7 lower), mutating3 737 -> 720, passthrough unchanged. Calls rarely share a
-        # pass of the run loop with another call to the same backend, so the writer mostly woke
-        # for one call's frames.
+        # (7 rounds of 7 lower), mutating3 737 -> 720, passthrough unchanged: too few calls shared a
+        # pass of the run loop with another call to the same backend for the shared write to pay.
         if send_now is None or self._writer is None or self._closing or not core.output:
             self._flush()
             return
