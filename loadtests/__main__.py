@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -52,7 +53,12 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--concurrency", type=int, help="closed loop: clients; open loop: connections (default 8 / 64)"
     )
-    g.add_argument("--rate", help="open loop: reviews/s, or a comma-separated sweep (e.g. 200,400,800)")
+    g.add_argument(
+        "--rate",
+        help="open loop: reviews/s, or a comma-separated sweep (e.g. 200,400,800); or shares of the "
+        "capacity (e.g. 50%%, or 25%%,50%%,75%%), which is measured in a closed loop right before each "
+        "repeat, so that the load follows the machine's speed at that moment",
+    )
     g.add_argument(
         "--poisson", action="store_true", help="open loop with exponential gaps (Poisson arrivals)"
     )
@@ -139,13 +145,31 @@ def _rss_every(args: argparse.Namespace) -> float | None:
     return 30.0 if soaking and not args.target and not args.direct_only else None
 
 
+def parse_rates(text: str | None) -> tuple[list[float], list[float]]:
+    """``--rate``: (reviews/s, shares of the probed capacity); one of them is empty."""
+    if not text:
+        return [], []
+    items = [item.strip() for item in text.split(",")]
+    shares = [item for item in items if item.endswith("%")]
+    if shares and len(shares) != len(items):
+        raise ValueError(f"--rate {text}: give every rate in reviews/s, or every rate as a % of capacity")
+    try:
+        values = sorted(float(item.removesuffix("%")) for item in items)
+    except ValueError:
+        raise ValueError(f"--rate {text}: not a number (reviews/s, or N% of capacity)") from None
+    if any(not math.isfinite(v) or v <= 0 for v in values):
+        raise ValueError(f"--rate {text}: every rate must be above zero")
+    return ([], [v / 100 for v in values]) if shares else (values, [])
+
+
 def options(args: argparse.Namespace) -> Options:
-    rates = sorted(float(r) for r in args.rate.split(",")) if args.rate else []
+    rates, shares = parse_rates(args.rate)
     opts = Options(
         duration=args.duration,
         requests=args.requests,
-        concurrency=args.concurrency or (64 if rates else 8),
+        concurrency=args.concurrency or (64 if rates or shares else 8),
         rates=rates,
+        capacity_shares=shares,
         poisson=args.poisson,
         protocol=args.protocol,
         backend_protocol=args.backend_protocol,
@@ -176,6 +200,7 @@ def options(args: argparse.Namespace) -> Options:
         opts.warmup = min(opts.warmup, 0.3)
         opts.repeat = 1
         opts.rates = opts.rates[:1]
+        opts.capacity_shares = opts.capacity_shares[:1]
         opts.concurrency = min(opts.concurrency, 8)
         if args.scenario == "slow-ignore":  # (None with --target alone)
             opts.slow_fraction = max(opts.slow_fraction, 0.2)

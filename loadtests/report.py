@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from loadtests.runner import RunResult
+from loadtests.runner import CAPACITY_CLIENTS, RunResult
 from loadtests.soak import describe_rss, summarize_rss
 from loadtests.stats import BucketPercentiles, LatencySummary, PhaseResult, median_result
 
@@ -33,12 +33,19 @@ def describe(result: RunResult) -> str:
     proto = "HTTP/2" if o.protocol == "h2" else "HTTP/1.1 keep-alive"
     tls = o.target.lower().startswith("https://") if o.target else o.tls  # what --target really speaks
     proto += " over TLS" if tls else " (plaintext)"
-    rates = ", ".join(f"{r:g}" for r in o.rates)
-    shape = (
-        f"open loop {rates}/s{' Poisson' if o.poisson else ''}, {o.concurrency} connections"
-        if o.rates
-        else f"closed loop, {o.concurrency} clients"
-    )
+    arrivals = " Poisson" if o.poisson else ""
+    if o.capacity_shares:
+        shares = ", ".join(f"{100 * s:g}%" for s in o.capacity_shares)
+        probed = "; ".join(", ".join(f"{c:,.0f}" for c in point) for point in result.capacities)
+        shape = (
+            f"open loop at {shares} of capacity{arrivals}, {o.concurrency} connections (capacity: "
+            f"reviews/s in a closed loop of {CAPACITY_CLIENTS} clients right before each repeat: {probed})"
+        )
+    elif o.rates:
+        rates = ", ".join(f"{r:g}" for r in o.rates)
+        shape = f"open loop {rates}/s{arrivals}, {o.concurrency} connections"
+    else:
+        shape = f"closed loop, {o.concurrency} clients"
     bound = f"{o.duration:g} s" + (f" or {o.requests:,} reviews" if o.requests else "")
     size = f"~{o.size_kb:g} KB Pod reviews ({o.review_version})"
     what = (
@@ -198,6 +205,7 @@ def to_json(result: RunResult) -> dict[str, Any]:
             }
             for point, med in zip(result.points, medians(result), strict=True)
         ],
+        "capacities": result.capacities,
         "reloads": asdict(result.reloads) if result.reloads is not None else None,
         "rss": {
             "every_s": result.rss.every,

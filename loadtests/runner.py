@@ -10,9 +10,9 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import trio
 
@@ -46,7 +46,9 @@ class Options:
     duration: float = 10.0
     requests: int | None = None
     concurrency: int = 8
-    rates: list[float] = field(default_factory=list)  # empty: closed loop
+    rates: list[float] = field(default_factory=list)  # empty: closed loop (unless capacity_shares)
+    # Open loop at these shares of the capacity (0.5: half), measured right before each repeat.
+    capacity_shares: list[float] = field(default_factory=list)
     poisson: bool = False
     protocol: str = "http1"
     backend_protocol: str = "h2"  # what TLS backends offer in ALPN: "h2" (and http/1.1) or "http1" only
@@ -289,6 +291,8 @@ class RunResult:
     scenario: Scenario
     options: Options
     points: list[dict[str, list[PhaseResult]]] = field(default_factory=list)
+    # With capacity_shares: per load point, the capacity (reviews/s) probed before each repeat.
+    capacities: list[list[float]] = field(default_factory=list)
     latencies: dict[str, list[float]] = field(default_factory=dict)  # last run's, for the histogram
     reloads: soak.Reloads | None = None  # --reload-every: rewrites asked for, applied, refused
     rss: soak.RssSeries | None = None  # --rss-every: the gateway's resident set over the run
@@ -483,13 +487,28 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
             result.reloads = soak.Reloads()
         if opts.rss_every and gateway is not None:
             result.rss = soak.RssSeries(opts.rss_every)
-        loads: list[float | None] = list(opts.rates) if opts.rates else [None]
-        for rate in loads:
+        # Per load point: a fixed rate (None: closed loop), or a share of the probed capacity.
+        loads: list[tuple[float | None, float | None]] = (
+            [(None, share) for share in opts.capacity_shares]
+            if opts.capacity_shares
+            else [(rate, None) for rate in opts.rates] or [(None, None)]
+        )
+        for fixed_rate, share in loads:
             point: dict[str, list[PhaseResult]] = {"direct": []}
             if nginx_work is not None:
                 point["nginx"] = []  # between the two: the floor line of a proxy
             point["gateway"] = []
+            probed: list[float] = []
             for rep in range(opts.repeat):
+                rate = fixed_rate
+                if share is not None:
+                    # The capacity of what the load is for (the gateway; the backend without one),
+                    # now: a share of an earlier figure would load a slower machine more.
+                    probe_work = gw_work or direct_work
+                    assert probe_work is not None
+                    capacity = await probe_capacity(probe_work, opts, ctx, progress)
+                    probed.append(capacity)
+                    rate = share * capacity
                 for name, work, pid in (
                     ("direct", direct_work, fleet.pid if fleet else None),
                     ("nginx", nginx_work, nginx_pid),
@@ -585,4 +604,43 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
                             f"the gateway exited with {gateway.returncode} during the run\n{tail}"
                         )
             result.points.append(point)
+            if share is not None:
+                result.capacities.append(probed)
     return result
+
+
+# The closed loop capacity figures are measured with (--concurrency's default).
+CAPACITY_CLIENTS: Final = 8
+CAPACITY_PROBE_SECONDS: Final = 5.0
+
+
+async def probe_capacity(work: Workload, opts: Options, ctx: Any, progress: Progress) -> float:
+    """Reviews/s of ``work`` in a closed loop of ``CAPACITY_CLIENTS``: what ``N%`` of capacity means.
+
+    Up to ``CAPACITY_PROBE_SECONDS`` (at most the phase's duration) after the usual warm-up. A wrong
+    answer ends the run: a load derived from a broken probe would measure nothing.
+    """
+    closed = replace(opts, concurrency=CAPACITY_CLIENTS, rates=[], capacity_shares=[])
+    if opts.warmup > 0:
+        await Generator(work, closed, opts.protocol, ctx).run(
+            Recorder(),
+            duration=opts.warmup,
+            requests=None,
+            rate=None,
+            label="capacity warm-up",
+            progress=progress,
+        )
+    rec = Recorder()
+    await Generator(work, closed, opts.protocol, ctx).run(
+        rec,
+        duration=min(opts.duration, CAPACITY_PROBE_SECONDS),
+        requests=None,
+        rate=None,
+        label="capacity probe",
+        progress=progress,
+    )
+    if rec.errors:
+        raise RuntimeError(f"the capacity probe got wrong answers: {dict(rec.errors)}")
+    if not rec.ok_count:
+        raise RuntimeError("the capacity probe got no answers")
+    return rec.ok_count / max(rec.finished - rec.started, 1e-9)

@@ -19,8 +19,10 @@ import trio
 import trio.testing
 import yaml
 
+from loadtests.__main__ import parse_rates
 from loadtests.drive import arrival_offsets, drive_closed_loop, drive_open_loop
 from loadtests.fixtures import SLOW_LABEL, review_templates
+from loadtests.report import describe
 from loadtests.runner import Options, run
 from loadtests.scenarios import SCENARIOS, Expectation, build, expect_direct, expect_gateway, write_configs
 from loadtests.soak import ConfigChurn, reload_counts, summarize_rss
@@ -498,6 +500,62 @@ async def test_direct_mode_answers_are_verified(name: str, protocol: str, tls: b
     assert direct.backend_cpu_us_per_review is not None
 
 
+RATES = [
+    pytest.param("800,200", ([200.0, 800.0], []), id="--rate in reviews/s: a sweep, lowest first"),
+    pytest.param("50%", ([], [0.5]), id="--rate 50%: half of the capacity probed before each repeat"),
+    pytest.param("75%, 25%", ([], [0.25, 0.75]), id="--rate as shares of capacity: a sweep, lowest first"),
+    pytest.param(None, ([], []), id="no --rate: closed loop"),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), RATES)
+def test_rates_are_reviews_per_second_or_shares_of_capacity(
+    text: str | None, expected: tuple[list[float], list[float]]
+) -> None:
+    assert parse_rates(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        pytest.param(
+            "200,50%", "every rate in reviews/s, or every rate as a %", id="mixed units are refused"
+        ),
+        pytest.param("0%", "above zero", id="a zero share is refused"),
+        pytest.param("-5", "above zero", id="a negative rate is refused"),
+        pytest.param("half", "not a number", id="a word is refused"),
+    ],
+)
+def test_bad_rates_are_refused_with_the_reason(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_rates(text)
+
+
+@pytest.mark.slow
+async def test_a_share_of_capacity_follows_the_capacity_probed_before_each_repeat() -> None:
+    """``--rate 50%``: before every repeat a closed loop measures the capacity, and the phases of that
+    repeat are offered exactly half of it (so a slower machine gets a lower load, not a higher share)."""
+    opts = Options(
+        duration=0.5,
+        warmup=0.1,
+        repeat=2,
+        capacity_shares=[0.5],
+        poisson=True,
+        concurrency=16,
+        progress=False,
+        gateway=False,
+        tls=False,
+    )
+    result = await run(build("passthrough"), opts, lambda _msg: None)
+    (probed,) = result.capacities
+    runs = result.points[0]["direct"]
+    assert len(probed) == len(runs) == 2
+    assert all(capacity > 0 for capacity in probed)
+    assert [r.offered_rps for r in runs] == [0.5 * capacity for capacity in probed]
+    assert all(r.errors == {} and r.ok > 0 for r in runs)
+    assert "open loop at 50% of capacity Poisson" in describe(result)
+
+
 @pytest.mark.slow
 async def test_direct_open_loop_with_injected_errors() -> None:
     """Open-loop Poisson load with injected backend errors: failures count as injected, not wrong."""
@@ -537,6 +595,10 @@ needs_gateway = pytest.mark.skipif(
         pytest.param(["dead-fail", "--no-tls"], id="FPT-01: dead backend under Fail, plaintext"),
         pytest.param(["slow-ignore"], id="FPT-02: slow backend under Ignore"),
         pytest.param(["none"], id="no matching backend"),
+        pytest.param(
+            ["passthrough", "--rate", "50%", "--poisson"],
+            id="Poisson arrivals at half of the gateway's capacity, probed in the same run",
+        ),
     ],
 )
 def test_quick_smoke_against_the_gateway(args: list[str], tmp_path: Path) -> None:
@@ -569,6 +631,9 @@ def test_quick_smoke_against_the_gateway(args: list[str], tmp_path: Path) -> Non
     # The gateway's own /metrics saw the measured phase (not the warm-up): as many reviews as answered.
     assert gateway["gateway_review"]["count"] == gateway["ok"] * len(build(args[0]).endpoints)
     assert "gateway's own /metrics: reviews p50" in proc.stdout
+    if "50%" in args:  # the gateway's own capacity, probed in this run, sets the offered load
+        (probed,) = doc["capacities"]
+        assert gateway["offered_rps"] == probed[0] / 2
 
 
 @pytest.mark.parametrize(
