@@ -118,8 +118,17 @@ def parser() -> argparse.ArgumentParser:
     o.add_argument(
         "--profile",
         type=Path,
-        metavar="PATH.svg",
-        help="write a py-spy flame graph of the gateway process during its first measured phase",
+        metavar="PATH.svg|PATH.txt",
+        help="write a py-spy flame graph of the gateway process during its first measured phase "
+        "(.txt: collapsed stacks, one line per stack)",
+    )
+    o.add_argument(
+        "--baseline-tree",
+        type=Path,
+        metavar="DIR",
+        help="also measure the gateway of another source checkout (e.g. `git worktree add DIR COMMIT`) "
+        "with the same fleet and load, as a row right after the gateway's in every repeat; the "
+        "'÷ baseline' row compares the two (CPU per review, reviews/s, latency)",
     )
     o.add_argument(
         "--nginx",
@@ -192,6 +201,7 @@ def options(args: argparse.Namespace) -> Options:
         slow_fraction=args.slow_fraction,
         profile=str(args.profile) if args.profile else None,
         nginx=args.nginx,
+        baseline_tree=str(args.baseline_tree.resolve()) if args.baseline_tree else None,
         reload_every=args.reload_every,
         rss_every=_rss_every(args),
     )
@@ -244,6 +254,13 @@ def main(argv: list[str] | None = None) -> int:
     for flag, value in (("--reload-every", args.reload_every), ("--rss-every", args.rss_every)):
         if value and (args.target or args.direct_only):
             parser().error(f"{flag} needs a gateway this run starts (not --target or --direct-only)")
+    if args.baseline_tree is not None:
+        if args.target or args.direct_only:
+            parser().error("--baseline-tree needs a gateway this run starts (not --target or --direct-only)")
+        if not (args.baseline_tree / "gateway" / "__main__.py").is_file():
+            parser().error(
+                f"--baseline-tree {args.baseline_tree}: no gateway/__main__.py there (a source checkout)"
+            )
     if args.nginx:
         from loadtests.processes import nginx
 

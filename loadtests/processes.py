@@ -120,10 +120,11 @@ def managed(proc: subprocess.Popen[bytes]) -> Iterator[subprocess.Popen[bytes]]:
                 proc.wait(5)
 
 
-def _env() -> dict[str, str]:
-    root = str(Path(__file__).resolve().parent.parent)
+def _env(root: Path | None = None) -> dict[str, str]:
+    """The environment of a child: ``root`` (default: this checkout) first on its import path."""
+    top = str(root or Path(__file__).resolve().parent.parent)
     path = os.environ.get("PYTHONPATH", "")
-    return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
+    return {**os.environ, "PYTHONPATH": top + (os.pathsep + path if path else "")}
 
 
 def spawn_fleet(count: int, certs: Certs | None, *, http1_only: bool = False) -> subprocess.Popen[bytes]:
@@ -153,9 +154,13 @@ async def fleet_ports(proc: subprocess.Popen[bytes], timeout: float = 30) -> lis
 
 
 def spawn_gateway(
-    config_dir: Path, port: int, certs: Certs | None, log: Path, extra: list[str]
+    config_dir: Path, port: int, certs: Certs | None, log: Path, extra: list[str], *, tree: Path | None = None
 ) -> subprocess.Popen[bytes]:
-    """Start ``python -m gateway --config DIR --bind 127.0.0.1:PORT [--certfile --keyfile]``."""
+    """Start ``python -m gateway --config DIR --bind 127.0.0.1:PORT [--certfile --keyfile]``.
+
+    ``tree``: the gateway of that source checkout instead of this one (``--baseline-tree``): it is
+    the child's working directory, which ``python -m`` puts first on the import path.
+    """
     cmd = [sys.executable, "-m", "gateway", "--config", str(config_dir), "--bind", f"127.0.0.1:{port}"]
     if certs is not None:
         cmd += ["--certfile", str(certs.certfile), "--keyfile", str(certs.keyfile)]
@@ -164,7 +169,9 @@ def spawn_gateway(
         cmd += ["--workers", "1"]
     cmd += extra
     with log.open("wb") as out:
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=_env())  # noqa: S603  # list argv
+        return subprocess.Popen(  # noqa: S603  # our interpreter, list argv
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=_env(tree), cwd=tree
+        )
 
 
 async def scrape_metrics(endpoint: Endpoint) -> str:
@@ -201,6 +208,21 @@ async def wait_ready(endpoint: Endpoint, proc: subprocess.Popen[bytes] | None, t
     raise RuntimeError(f"not ready after {timeout:g} s: {last}")
 
 
+def tree_revision(tree: Path) -> str:
+    """``git describe`` of a source checkout (a short commit, ``-dirty`` when changed), or ``?``."""
+    try:
+        done = subprocess.run(  # noqa: S603  # fixed argv
+            ["git", "-C", str(tree), "describe", "--always", "--dirty"],  # noqa: S607  # git from PATH
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "?"
+    return done.stdout.strip() or "?"
+
+
 def py_spy() -> str | None:
     """The ``py-spy`` executable next to this interpreter or on PATH, or None."""
     beside = Path(sys.executable).parent / "py-spy"
@@ -210,8 +232,10 @@ def py_spy() -> str | None:
 
 
 def spawn_profiler(exe: str, pid: int, out: Path, duration: float) -> subprocess.Popen[bytes]:
-    """``py-spy record`` against ``pid`` (and its worker processes) for ``duration`` seconds."""
-    cmd = [exe, "record", "--pid", str(pid), "--subprocesses", "--output", str(out), "--format", "flamegraph"]
+    """``py-spy record`` against ``pid`` (and its worker processes) for ``duration`` seconds: a flame
+    graph, or collapsed stacks (one ``frame;frame;… count`` line each) when ``out`` ends in ``.txt``."""
+    fmt = "raw" if out.suffix == ".txt" else "flamegraph"
+    cmd = [exe, "record", "--pid", str(pid), "--subprocesses", "--output", str(out), "--format", fmt]
     cmd += ["--duration", str(max(1, math.ceil(duration))), "--nonblocking"]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # noqa: S603  # list argv
 

@@ -59,7 +59,11 @@ def describe(result: RunResult) -> str:
         if o.target
         else f"generator, backend fleet and gateway all ran on this machine ({cpus} CPUs, {usable} usable)"
     )
-    return f"{what}\n{proto}; {shape}; {bound}; {size}; medians of {o.repeat} run(s)\n{where}"
+    text = f"{what}\n{proto}; {shape}; {bound}; {size}; medians of {o.repeat} run(s)\n{where}"
+    if o.baseline_tree:
+        revision = result.baseline_revision or "?"
+        text += f"\nbaseline: the gateway of {o.baseline_tree} ({revision}), run beside it"
+    return text
 
 
 _COLUMNS = (
@@ -147,6 +151,8 @@ def table(result: RunResult) -> str:
                     else ")"
                 )
             )
+        if "gateway" in point and "baseline" in point:
+            lines.extend(_versus_baseline(point["gateway"], point["baseline"], result.baseline_revision))
     errors: dict[str, int] = {}
     for raw_point in result.points:
         for runs in raw_point.values():
@@ -182,6 +188,26 @@ def table(result: RunResult) -> str:
     return "\n".join(lines)
 
 
+def _versus_baseline(g: PhaseResult, b: PhaseResult, revision: str | None) -> list[str]:
+    """The ``÷ baseline`` row: this checkout's gateway against the baseline checkout's, same load."""
+    rps = g.throughput_rps / b.throughput_rps if b.throughput_rps else math.nan
+    cpu = (
+        g.cpu_us_per_review / b.cpu_us_per_review
+        if g.cpu_us_per_review is not None and b.cpu_us_per_review
+        else math.nan
+    )
+    latency = [
+        _f(getattr(g.latency, f) - getattr(b.latency, f), "{:+.2f}")
+        for f in ("p50_ms", "p90_ms", "p99_ms", "p999_ms")
+    ]
+    row = _row(["÷ baseline", "", _f(rps, "{:.2f}x"), *latency, "", _f(cpu, "{:.2f}x")])
+    note = (
+        f"  (÷ baseline: this checkout's gateway against the baseline checkout's ({revision or '?'}), "
+        "same fleet and load: reviews/s and CPU µs per review as ratios, latency as ms gateway − baseline)"
+    )
+    return [row, note]
+
+
 def machine() -> dict[str, Any]:
     return {
         "cpus": os.cpu_count(),
@@ -206,6 +232,7 @@ def to_json(result: RunResult) -> dict[str, Any]:
             for point, med in zip(result.points, medians(result), strict=True)
         ],
         "capacities": result.capacities,
+        "baseline_revision": result.baseline_revision,
         "reloads": asdict(result.reloads) if result.reloads is not None else None,
         "rss": {
             "every_s": result.rss.every,

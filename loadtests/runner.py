@@ -71,6 +71,7 @@ class Options:
     slow_fraction: float = 0.05
     profile: str | None = None  # a path: a py-spy flame graph of the gateway during its first measured phase
     nginx: bool = False  # also measure an nginx proxy hop in front of the same backend
+    baseline_tree: str | None = None  # also measure the gateway of this source checkout (its own row)
     reload_every: float | None = None  # soak: rewrite the gateway's configuration this often in its phases
     rss_every: float | None = None  # soak: sample the gateway's VmRSS this often in its phases
 
@@ -296,6 +297,7 @@ class RunResult:
     latencies: dict[str, list[float]] = field(default_factory=dict)  # last run's, for the histogram
     reloads: soak.Reloads | None = None  # --reload-every: rewrites asked for, applied, refused
     rss: soak.RssSeries | None = None  # --rss-every: the gateway's resident set over the run
+    baseline_revision: str | None = None  # --baseline-tree: that checkout's ``git describe``
 
 
 async def _scrape(probe: Endpoint | None) -> str | None:
@@ -410,8 +412,9 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
         if slow:
             templates["slow"] = review_templates(opts.size_kb, opts.review_version, slow=True)
 
-        fleet = gateway = None
+        fleet = gateway = baseline = None
         probe: Endpoint | None = None
+        base_endpoint: Endpoint | None = None
         gateway_args = list(opts.gateway_args)
         reload_wait = 0.0  # how long, after a phase, the gateway may take to act on the last rewrite
         if opts.reload_every and opts.gateway and not opts.target:
@@ -447,30 +450,23 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
             direct_endpoint, direct_path = Endpoint.parse(direct_url, ctx)
             gw_endpoint = None
             if opts.gateway:
-                gw_port = processes.free_port()
-                log = tmp / "gateway.log"
-                say(f"starting the gateway on 127.0.0.1:{gw_port} (config in {tmp / 'config'}) …")
-                gateway = stack.enter_context(
-                    processes.managed(
-                        processes.spawn_gateway(tmp / "config", gw_port, certs, log, gateway_args)
-                    )
+                gateway, gw_endpoint, probe = await _start_gateway(
+                    stack, tmp, certs, ctx, ca_pem, opts, gateway_args, say, None
                 )
-                gw_endpoint = Endpoint("127.0.0.1", gw_port, ctx if certs else None, f"127.0.0.1:{gw_port}")
-                # The readiness probe speaks HTTP/1.1, whatever protocol the load uses.
-                probe_ctx = client_context(ca_pem, "http1", opts.insecure) if certs else None
-                probe = Endpoint("127.0.0.1", gw_port, probe_ctx, f"127.0.0.1:{gw_port}")
-                try:
-                    await processes.wait_ready(probe, gateway)
-                except (RuntimeError, OSError) as exc:
-                    tail = log.read_text(errors="replace")[-4000:]
-                    raise RuntimeError(f"{exc}\n--- gateway log (tail) ---\n{tail}") from exc
+            if opts.baseline_tree:
+                tree = Path(opts.baseline_tree)
+                result.baseline_revision = processes.tree_revision(tree)
+                baseline, base_endpoint, _ = await _start_gateway(
+                    stack, tmp, certs, ctx, ca_pem, opts, list(opts.gateway_args), say, tree
+                )
             if opts.nginx:
                 nginx_endpoint = await _start_nginx(stack, tmp, certs, ctx, direct_endpoint, say=say)
             known = True
-            for ep in (gw_endpoint, direct_endpoint, nginx_endpoint):
+            for ep in (gw_endpoint, base_endpoint, direct_endpoint, nginx_endpoint):
                 assert ep is None or _loopback(ep.host), "without --target, traffic stays on loopback"
 
         gw_work = gateway_workload(scenario, gw_endpoint, templates, known) if gw_endpoint else None
+        base_work = gateway_workload(scenario, base_endpoint, templates, known) if base_endpoint else None
         direct_work = (
             direct_workload(scenario, direct_endpoint, direct_path, templates)
             if direct_endpoint is not None and opts.direct
@@ -498,6 +494,8 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
             if nginx_work is not None:
                 point["nginx"] = []  # between the two: the floor line of a proxy
             point["gateway"] = []
+            if base_work is not None:
+                point["baseline"] = []  # the same load through the other checkout's gateway
             probed: list[float] = []
             for rep in range(opts.repeat):
                 rate = fixed_rate
@@ -513,6 +511,7 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
                     ("direct", direct_work, fleet.pid if fleet else None),
                     ("nginx", nginx_work, nginx_pid),
                     ("gateway", gw_work, gateway.pid if gateway else None),
+                    ("baseline", base_work, baseline.pid if baseline else None),
                 ):
                     if work is None:
                         continue
@@ -598,15 +597,49 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
                     point[name].append(summarize(name, rec, offered, **extra))
                     # The histogram shows the first (lowest) load point: saturation is in the left plot.
                     result.latencies.setdefault(name, rec.all_latencies())
-                    if gateway is not None and gateway.poll() is not None:
-                        tail = (tmp / "gateway.log").read_text(errors="replace")[-4000:]
-                        raise RuntimeError(
-                            f"the gateway exited with {gateway.returncode} during the run\n{tail}"
-                        )
+                    for proc, log_name in ((gateway, "gateway.log"), (baseline, "baseline.log")):
+                        if proc is not None and proc.poll() is not None:
+                            tail = (tmp / log_name).read_text(errors="replace")[-4000:]
+                            raise RuntimeError(
+                                f"the {log_name[:-4]} exited with {proc.returncode} during the run\n{tail}"
+                            )
             result.points.append(point)
             if share is not None:
                 result.capacities.append(probed)
     return result
+
+
+async def _start_gateway(  # noqa: PLR0917  # the run's context, in the order run() has it
+    stack: contextlib.ExitStack,
+    tmp: Path,
+    certs: processes.Certs | None,
+    ctx: Any,
+    ca_pem: bytes | None,
+    opts: Options,
+    args: list[str],
+    say: Callable[[str], None],
+    tree: Path | None,
+) -> tuple[subprocess.Popen[bytes], Endpoint, Endpoint]:
+    """Start a gateway on the run's configuration and wait until it is ready: this checkout's, or
+    (``tree``) the baseline checkout's. Its process, its endpoint for the load, and a readiness
+    and ``/metrics`` probe (HTTP/1.1, whatever protocol the load uses)."""
+    name = "gateway" if tree is None else "baseline"
+    port = processes.free_port()
+    log = tmp / f"{name}.log"
+    which = "the gateway" if tree is None else f"the baseline gateway from {tree}"
+    say(f"starting {which} on 127.0.0.1:{port} (config in {tmp / 'config'}) …")
+    proc = stack.enter_context(
+        processes.managed(processes.spawn_gateway(tmp / "config", port, certs, log, args, tree=tree))
+    )
+    endpoint = Endpoint("127.0.0.1", port, ctx if certs else None, f"127.0.0.1:{port}")
+    probe_ctx = client_context(ca_pem, "http1", opts.insecure) if certs else None
+    probe = Endpoint("127.0.0.1", port, probe_ctx, f"127.0.0.1:{port}")
+    try:
+        await processes.wait_ready(probe, proc)
+    except (RuntimeError, OSError) as exc:
+        tail = log.read_text(errors="replace")[-4000:]
+        raise RuntimeError(f"{exc}\n--- {name} log (tail) ---\n{tail}") from exc
+    return proc, endpoint, probe
 
 
 # The closed loop capacity figures are measured with (--concurrency's default).

@@ -5,8 +5,10 @@ gateway during the measured phase — or says at once what is missing."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,14 +59,30 @@ def test_nginx_proxy_hop_is_a_third_row_with_its_cpu_and_latency(tmp_path: Path)
     assert any(line.startswith("nginx ") for line in proc.stdout.splitlines()), proc.stdout
 
 
+def _collapsed_stacks(text: str) -> bool:
+    """Every line is ``frame;frame;… count`` (py-spy's raw format)."""
+    lines = text.splitlines()
+    return bool(lines) and all(line.rpartition(" ")[2].isdigit() and ";" in line for line in lines)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(py_spy() is None, reason="py-spy is not installed (the loadtest extra)")
-def test_profile_writes_a_flame_graph_of_the_gateway(tmp_path: Path) -> None:
-    svg = tmp_path / "profile.svg"
-    proc, doc = quick(tmp_path, "--profile", str(svg), "--no-direct")
+@pytest.mark.parametrize(
+    ("name", "shape"),
+    [
+        pytest.param(
+            "profile.svg", lambda text: text.lstrip().startswith("<?xml"), id="PATH.svg: a flame graph"
+        ),
+        pytest.param("profile.txt", _collapsed_stacks, id="PATH.txt: collapsed stacks, one line per stack"),
+    ],
+)
+def test_profile_records_the_gateway(tmp_path: Path, name: str, shape: Callable[[str], bool]) -> None:
+    out = tmp_path / name
+    proc, doc = quick(tmp_path, "--profile", str(out), "--no-direct")
     assert doc["points"][0]["median"]["gateway"]["errors"] == {}
-    assert svg.read_text().lstrip().startswith("<?xml"), proc.stderr
-    assert "gateway" in svg.read_text(), "the gateway's own frames are in the graph"
+    text = out.read_text()
+    assert shape(text), proc.stderr + text[:500]
+    assert "gateway/server" in text, "the gateway's own frames are in the profile"
 
 
 @pytest.mark.parametrize(
@@ -96,3 +114,53 @@ async def test_missing_tool_fails_before_any_work(args: list[str], prelude: str,
     assert message in out
     assert "starting" not in out
     assert len([line for line in out.splitlines() if "error:" in line]) == 1
+
+
+def _baseline_copy(tmp_path: Path) -> tuple[Path, Path]:
+    """A second source checkout of the gateway (a copy of this one) that leaves a mark when it runs."""
+    tree = tmp_path / "base"
+    shutil.copytree(ROOT / "gateway", tree / "gateway", ignore=shutil.ignore_patterns("__pycache__"))
+    mark = tmp_path / "ran-from-copy"
+    init = tree / "gateway" / "__init__.py"
+    init.write_text(
+        init.read_text()
+        + f"\nimport os\nwith open({str(mark)!r}, 'a') as _f:\n    _f.write(f'{{os.getpid()}}\\n')\n"
+    )
+    return tree, mark
+
+
+@pytest.mark.slow
+def test_baseline_tree_is_measured_beside_the_gateway_with_the_same_load(tmp_path: Path) -> None:
+    tree, mark = _baseline_copy(tmp_path)
+    proc, doc = quick(tmp_path, "--baseline-tree", str(tree))
+    rows = doc["points"][0]["median"]
+    assert list(rows) == ["direct", "gateway", "baseline"], "the baseline row comes right after the gateway's"
+    base, gw = rows["baseline"], rows["gateway"]
+    assert base["ok"] > 0 and base["errors"] == {}, "the baseline's answers are verified like the gateway's"
+    assert base["cpu_us_per_review"] > 0
+    assert len(mark.read_text().split()) == 1, "exactly one gateway ran from the baseline checkout"
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("÷ baseline"))
+    assert row.split()[-1] == f"{gw['cpu_us_per_review'] / base['cpu_us_per_review']:.2f}x", row
+    assert f"baseline: the gateway of {tree}" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        pytest.param(
+            ["--baseline-tree", "/nonexistent"],
+            "--baseline-tree /nonexistent: no gateway/__main__.py there (a source checkout)",
+            id="--baseline-tree that is no checkout is refused before any work",
+        ),
+        pytest.param(
+            ["--baseline-tree", str(ROOT), "--direct-only"],
+            "--baseline-tree needs a gateway this run starts",
+            id="--baseline-tree with no gateway run is refused",
+        ),
+    ],
+)
+async def test_baseline_tree_refusals(args: list[str], message: str) -> None:
+    code, out = await loadtool("passthrough", *args)
+    assert code == 2
+    assert message in out
+    assert "starting" not in out
