@@ -69,7 +69,7 @@ class Options:
     progress: bool = True
     gateway_args: list[str] = field(default_factory=list)
     slow_fraction: float = 0.05
-    profile: str | None = None  # a path: a py-spy flame graph of the gateway during its first measured phase
+    profile: str | None = None  # py-spy of the gateway's first measured phase: .svg flame graph, .txt stacks
     nginx: bool = False  # also measure an nginx proxy hop in front of the same backend
     baseline_tree: str | None = None  # also measure the gateway of this source checkout (its own row)
     reload_every: float | None = None  # soak: rewrite the gateway's configuration this often in its phases
@@ -387,7 +387,7 @@ class _Profiling:
             proc.wait()
         output = proc.stdout.read().decode(errors="replace").strip() if proc.stdout else ""
         if proc.returncode == 0:
-            say(f"wrote the flame graph {self.out}")
+            say(f"wrote the {'collapsed stacks' if self.out.suffix == '.txt' else 'flame graph'} {self.out}")
         else:
             raise RuntimeError(f"py-spy failed ({proc.returncode}): {output[-500:]}")
 
@@ -451,13 +451,29 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
             gw_endpoint = None
             if opts.gateway:
                 gateway, gw_endpoint, probe = await _start_gateway(
-                    stack, tmp, certs, ctx, ca_pem, opts, gateway_args, say, None
+                    stack,
+                    tmp,
+                    certs,
+                    ctx,
+                    ca_pem,
+                    insecure=opts.insecure,
+                    args=gateway_args,
+                    say=say,
+                    tree=None,
                 )
             if opts.baseline_tree:
                 tree = Path(opts.baseline_tree)
                 result.baseline_revision = processes.tree_revision(tree)
                 baseline, base_endpoint, _ = await _start_gateway(
-                    stack, tmp, certs, ctx, ca_pem, opts, list(opts.gateway_args), say, tree
+                    stack,
+                    tmp,
+                    certs,
+                    ctx,
+                    ca_pem,
+                    insecure=opts.insecure,
+                    args=opts.gateway_args,
+                    say=say,
+                    tree=tree,
                 )
             if opts.nginx:
                 nginx_endpoint = await _start_nginx(stack, tmp, certs, ctx, direct_endpoint, say=say)
@@ -609,13 +625,14 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
     return result
 
 
-async def _start_gateway(  # noqa: PLR0917  # the run's context, in the order run() has it
+async def _start_gateway(
     stack: contextlib.ExitStack,
     tmp: Path,
     certs: processes.Certs | None,
     ctx: Any,
     ca_pem: bytes | None,
-    opts: Options,
+    *,
+    insecure: bool,
     args: list[str],
     say: Callable[[str], None],
     tree: Path | None,
@@ -632,7 +649,7 @@ async def _start_gateway(  # noqa: PLR0917  # the run's context, in the order ru
         processes.managed(processes.spawn_gateway(tmp / "config", port, certs, log, args, tree=tree))
     )
     endpoint = Endpoint("127.0.0.1", port, ctx if certs else None, f"127.0.0.1:{port}")
-    probe_ctx = client_context(ca_pem, "http1", opts.insecure) if certs else None
+    probe_ctx = client_context(ca_pem, "http1", insecure) if certs else None
     probe = Endpoint("127.0.0.1", port, probe_ctx, f"127.0.0.1:{port}")
     try:
         await processes.wait_ready(probe, proc)

@@ -60,28 +60,43 @@ def test_nginx_proxy_hop_is_a_third_row_with_its_cpu_and_latency(tmp_path: Path)
 
 
 def _collapsed_stacks(text: str) -> bool:
-    """Every line is ``frame;frame;… count`` (py-spy's raw format)."""
+    """Every line is ``frame;frame;… count`` (py-spy's raw format; a stack py-spy could not unwind
+    past the process is that one frame alone)."""
     lines = text.splitlines()
-    return bool(lines) and all(line.rpartition(" ")[2].isdigit() and ";" in line for line in lines)
+    return bool(lines) and all(
+        (parts := line.rpartition(" "))[0] and parts[2].isdigit() and line.startswith("process ")
+        for line in lines
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(py_spy() is None, reason="py-spy is not installed (the loadtest extra)")
 @pytest.mark.parametrize(
-    ("name", "shape"),
+    ("name", "shape", "said"),
     [
         pytest.param(
-            "profile.svg", lambda text: text.lstrip().startswith("<?xml"), id="PATH.svg: a flame graph"
+            "profile.svg",
+            lambda text: text.lstrip().startswith("<?xml"),
+            "wrote the flame graph",
+            id="PATH.svg: a flame graph",
         ),
-        pytest.param("profile.txt", _collapsed_stacks, id="PATH.txt: collapsed stacks, one line per stack"),
+        pytest.param(
+            "profile.txt",
+            _collapsed_stacks,
+            "wrote the collapsed stacks",
+            id="PATH.txt: collapsed stacks, one line per stack",
+        ),
     ],
 )
-def test_profile_records_the_gateway(tmp_path: Path, name: str, shape: Callable[[str], bool]) -> None:
+def test_profile_records_the_gateway(
+    tmp_path: Path, name: str, shape: Callable[[str], bool], said: str
+) -> None:
     out = tmp_path / name
     proc, doc = quick(tmp_path, "--profile", str(out), "--no-direct")
     assert doc["points"][0]["median"]["gateway"]["errors"] == {}
     text = out.read_text()
     assert shape(text), proc.stderr + text[:500]
+    assert f"{said} {out}" in proc.stderr
     assert "gateway/server" in text, "the gateway's own frames are in the profile"
 
 
