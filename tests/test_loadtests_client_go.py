@@ -25,9 +25,9 @@ from loadtests import transport
 from loadtests.__main__ import parse_burst
 from loadtests.client import Endpoint, client_context
 from loadtests.drive import Segment, drive_open_loop_unbounded, schedule_offsets
-from loadtests.processes import nginx
 from loadtests.stats import Recorder, normal_p99_ms, recovery_seconds, summarize_segment, windows
 from loadtests.transport import AbandonedError, ClientGoPool, ConnectionPerReview, FixedConnections
+from tests.support.tools import require_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 BODY = b'{"kind":"AdmissionReview"}'
@@ -398,16 +398,11 @@ def _loadtests(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[
     return proc, json.loads(out.read_text())
 
 
-needs_nginx = pytest.mark.skipif(
-    nginx() is None, reason="nginx is not installed (apt-get install nginx-light)"
-)
-
-
 @pytest.mark.slow
-@needs_nginx
 def test_a_burst_is_reported_per_segment_for_nginx_and_the_gateway_with_the_generators_own_load(
     tmp_path: Path,
 ) -> None:
+    require_tool("nginx")
     proc, doc = _loadtests(
         tmp_path, "--rate", "50%", "--poisson", "--burst", "150%:1", "--nginx", "--gc-stats"
     )
@@ -435,11 +430,11 @@ def test_a_burst_is_reported_per_segment_for_nginx_and_the_gateway_with_the_gene
 
 
 @pytest.mark.slow
-@needs_nginx
 @pytest.mark.parametrize("key_type", ["ecdsa", "rsa"])
 def test_per_review_connections_measure_a_new_tls_connection_beside_nginx(
     key_type: str, tmp_path: Path
 ) -> None:
+    require_tool("nginx")
     proc, doc = _loadtests(tmp_path, "--connection-policy", "per-review", "--nginx", "--key-type", key_type)
     for name, row in doc["points"][0]["median"].items():
         assert row["errors"] == {} and row["ok"] > 0, name
