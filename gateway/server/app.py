@@ -4,6 +4,11 @@ Reads the body (bounded, TRN-13), decodes the inbound review (REV-01), takes the
 snapshot the review will use from start to end (ORD-04), runs dispatch under the caller's deadline
 (FPT-07) and answers in the caller's version (REV-02). A caller that disconnects cancels its
 review's backend calls. Nothing a client or a backend does can raise out of here.
+
+A plain ASGI application: it imports nothing of the server that runs it. The gateway's server
+tells it that a caller went away through the ``webhook-gateway.disconnect`` scope extension
+(``gateway.server.extensions``, docs/inbound.md); under any other ASGI server a task per review
+reads ``receive`` for ``http.disconnect`` instead.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from gateway.dispatch import status as statuses
 from gateway.dispatch.engine import Dispatcher, Verdict
 from gateway.errors import BadReview
 from gateway.review import InboundReview, decode_inbound, encode_reply, encode_status
-from gateway.server.hypercorn_fixes import RequestQueue
+from gateway.server.extensions import disconnect_signal
 from gateway.server.overload import OverloadGate
 from gateway.server.timeouts import caller_timeout
 from gateway.tracing import start_review_trace
@@ -216,7 +221,7 @@ class GatewayApp:
                 return
             deadline = arrived + self._budget(scope) - self.settings.deadline_margin_seconds
             with self.overload.review() if self.overload is not None else nullcontext() as shed:
-                verdict = await self._decide(endpoint, inbound, deadline, receive, shed)
+                verdict = await self._decide(endpoint, inbound, deadline, scope, receive, shed=shed)
             if verdict is None:  # the caller went away; nobody is listening
                 code, error = 499, "caller disconnected"
                 return
@@ -281,12 +286,12 @@ class GatewayApp:
             deadline = None if budget is None else arrived + budget - self.settings.deadline_margin_seconds
             crd_name = unquote(path[len(self.settings.convert_prefix) :])
             handled: list[tuple[int, bytes]] = []
-            queue = getattr(receive, "__self__", None)
+            signal = disconnect_signal(scope)
             with trio.CancelScope() as cancel:  # a caller that goes away cancels the backend call
-                if isinstance(queue, RequestQueue):
-                    if queue.disconnected:
+                if signal is not None:
+                    if signal.disconnected:
                         return
-                    queue.on_disconnect = cancel.cancel
+                    signal.on_disconnect = cancel.cancel
                 try:
                     handled.append(
                         await self.conversions.handle(
@@ -294,8 +299,8 @@ class GatewayApp:
                         )
                     )
                 finally:
-                    if isinstance(queue, RequestQueue):
-                        queue.on_disconnect = None
+                    if signal is not None:
+                        signal.on_disconnect = None
             if handled:
                 await _respond(send, handled[0][0], handled[0][1], _JSON)
         finally:
@@ -329,24 +334,31 @@ class GatewayApp:
                 return b"".join(chunks) if len(chunks) != 1 else chunks[0]
 
     async def _decide(
-        self, endpoint: str, inbound: InboundReview, deadline: float, receive: Receive, shed: str | None
+        self,
+        endpoint: str,
+        inbound: InboundReview,
+        deadline: float,
+        scope: Scope,
+        receive: Receive,
+        *,
+        shed: str | None,
     ) -> Verdict | None:
         """Run dispatch while watching for the caller going away (then cancel everything).
 
         ``shed``: the overload gate's reason to refuse every backend call of this review, or None.
         """
-        queue = getattr(receive, "__self__", None)
-        if isinstance(queue, RequestQueue):
-            # hypercorn (patched) tells the queue when the caller goes away: cancel through a
-            # callback instead of a watcher task and a nursery per review (~50 µs).
-            if queue.disconnected:
+        signal = disconnect_signal(scope)
+        if signal is not None:
+            # The gateway's server says when the caller goes away (gateway.server.extensions):
+            # cancel through a callback instead of a watcher task and a nursery per review (~50 µs).
+            if signal.disconnected:
                 return None
-            with trio.CancelScope() as scope:
-                queue.on_disconnect = scope.cancel
+            with trio.CancelScope() as cancel:
+                signal.on_disconnect = cancel.cancel
                 try:
                     return await self._decide_now(endpoint, inbound, deadline, shed)
                 finally:
-                    queue.on_disconnect = None
+                    signal.on_disconnect = None
             return None
         # Any other ASGI server: a task reads ``receive`` until it says the caller went away.
         result: list[Verdict] = []
