@@ -409,3 +409,13 @@ def test_a_copy_that_kept_the_parking_condition_warns() -> None:
         "webhooks[0].matchConditions[1]",
         "warning",
     )
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["validate.webhook-gateway.io", "mutate.webhook-gateway.io", "validate.webhook-gateway.io-fail",
+     "validate.webhook-gateway.io-ignore"],
+)  # fmt: skip
+def test_each_name_registration_gives_the_gateways_webhooks_is_refused(name: str) -> None:
+    (error,) = errors_of(config(hook(name)))
+    assert error.startswith(f"webhooks[0].name: Forbidden: {name} is the gateway's own webhook")

@@ -76,6 +76,12 @@ class GatewayService:
 DEFAULT_GATEWAY: Final = GatewayService()
 
 
+def is_gateway_webhook_name(name: str) -> bool:
+    """One of the names ``registration`` gives the gateway's webhooks (``validate.webhook-gateway.io``,
+    ``mutate.webhook-gateway.io``, and those with a suffix such as ``-fail``/``-ignore``)."""
+    return any(name == n or name.startswith(f"{n}-") for n in WEBHOOK_NAMES)
+
+
 def own_registration_errors(
     config: types.WebhookConfiguration, gateway: GatewayService = DEFAULT_GATEWAY
 ) -> list[FieldError]:
@@ -92,7 +98,7 @@ def own_registration_errors(
         )
     for i, hook in enumerate(config.webhooks or ()):
         path = index("webhooks", i)
-        if hook.name in WEBHOOK_NAMES:
+        if is_gateway_webhook_name(hook.name or ""):
             errors.append(
                 forbidden(
                     child(path, "name"),
