@@ -419,3 +419,42 @@ def test_a_copy_that_kept_the_parking_condition_warns() -> None:
 def test_each_name_registration_gives_the_gateways_webhooks_is_refused(name: str) -> None:
     (error,) = errors_of(config(hook(name)))
     assert error.startswith(f"webhooks[0].name: Forbidden: {name} is the gateway's own webhook")
+
+
+# --- reading a referenced object (what the gateway does with each watch event) -------------------------
+
+_PEM = ca_pem(not_before=NOW - DAY, not_after=NOW + 400 * DAY)
+_B64 = base64.b64encode(_PEM).decode()
+_SECRET = CaReference(source="secret", namespace="a", name="b", key="ca.crt")
+_CONFIGMAP = CaReference(source="configMap", namespace="a", name="b", key="root-cert.pem")
+_WEBHOOKS = CaReference(source="mutatingWebhookConfiguration", name="b", webhook="x.example.com")
+OBJECTS = [
+    pytest.param(_SECRET, {"data": {"ca.crt": _B64}}, None, id="a Secret key (base64)"),
+    pytest.param(_SECRET, {"data": {"tls.crt": _B64}}, 'the Secret has no key "ca.crt"', id="a Secret without the key"),
+    pytest.param(_SECRET, {"data": {"ca.crt": "%%%"}}, "not base64", id="a Secret value that is not base64"),
+    pytest.param(_SECRET, {"data": {"ca.crt": base64.b64encode(b"junk").decode()}}, "no PEM certificate",
+                 id="a Secret value without a certificate"),
+    pytest.param(_CONFIGMAP, {"data": {"root-cert.pem": _PEM.decode()}}, None, id="a ConfigMap key (text)"),
+    pytest.param(_CONFIGMAP, {"binaryData": {"root-cert.pem": _B64}}, None, id="a ConfigMap binaryData key"),
+    pytest.param(_CONFIGMAP, {"data": {}}, 'the ConfigMap has no key "root-cert.pem"', id="a ConfigMap without it"),
+    pytest.param(_WEBHOOKS, {"webhooks": [{"name": "x.example.com", "clientConfig": {"caBundle": _B64}}]}, None,
+                 id="a live webhook's caBundle"),
+    pytest.param(_WEBHOOKS, {"webhooks": [{"name": "y.example.com", "clientConfig": {"caBundle": _B64}}]},
+                 'the object has no webhook named "x.example.com"', id="a live object without that webhook"),
+    pytest.param(_WEBHOOKS, {"webhooks": [{"name": "x.example.com", "clientConfig": {}}]},
+                 "the webhook's caBundle is empty (not injected yet?)", id="a caBundle not injected yet"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("reference", "obj", "error"), OBJECTS)
+def test_bundle_from_a_referenced_object(
+    reference: CaReference, obj: dict[str, Any], error: str | None
+) -> None:
+    from gateway.config.trust import CaSourceError, bundle_from_object
+
+    if error is None:
+        assert bundle_from_object(reference, obj) == _PEM
+        return
+    with pytest.raises(CaSourceError) as exc:
+        bundle_from_object(reference, obj)
+    assert str(exc.value) == f"{reference.describe()}: {error}"

@@ -22,7 +22,10 @@ cluster-internal CA), and a ``caBundle`` certificate that has expired or expires
 
 from __future__ import annotations
 
+import base64
+import binascii
 import datetime as dt
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -394,6 +397,68 @@ def rbac_documents(
             }
         )
     return docs
+
+
+# --- reading a referenced object ----------------------------------------------------------------
+
+
+class CaSourceError(ValueError):
+    """A referenced object (or file) does not hold a usable CA bundle; the text says why, in one line
+    that never contains the object's data."""
+
+
+def bundle_from_object(reference: CaReference, obj: Mapping[str, Any]) -> bytes:
+    """The PEM bundle ``reference`` names in ``obj`` (the object as the API serves it, JSON-decoded);
+    ``CaSourceError`` when it is not there or not usable. Secret ``data`` and ``binaryData`` are
+    base64, ConfigMap ``data`` plain text, a webhook's ``clientConfig.caBundle`` base64."""
+    where = reference.describe()
+    if reference.source == "secret":
+        data = obj.get("data") or {}
+        value = data.get(reference.key) if isinstance(data, Mapping) else None
+        if not isinstance(value, str):
+            raise CaSourceError(f"{where}: the Secret has no key {go_quote(reference.key)}")
+        pem = _base64(value, where)
+    elif reference.source == "configMap":
+        data, binary = obj.get("data") or {}, obj.get("binaryData") or {}
+        value = data.get(reference.key) if isinstance(data, Mapping) else None
+        if isinstance(value, str):
+            pem = value.encode()
+        elif isinstance(binary, Mapping) and isinstance(binary.get(reference.key), str):
+            pem = _base64(binary[reference.key], where)
+        else:
+            raise CaSourceError(f"{where}: the ConfigMap has no key {go_quote(reference.key)}")
+    elif reference.source in ("validatingWebhookConfiguration", "mutatingWebhookConfiguration"):
+        hooks = [h for h in obj.get("webhooks") or () if isinstance(h, Mapping)]
+        found = [h for h in hooks if h.get("name") == reference.webhook]
+        if not found:
+            raise CaSourceError(f"{where}: the object has no webhook named {go_quote(reference.webhook)}")
+        client_config = found[0].get("clientConfig") or {}
+        value = client_config.get("caBundle") if isinstance(client_config, Mapping) else None
+        if not isinstance(value, str) or not value:
+            raise CaSourceError(f"{where}: the webhook's caBundle is empty (not injected yet?)")
+        pem = _base64(value, where)
+    else:
+        raise CaSourceError(f"{where}: not an object reference")
+    return usable_bundle(pem, where)
+
+
+def _base64(value: str, where: str) -> bytes:
+    try:
+        return base64.b64decode(value.replace("\r", "").replace("\n", ""), validate=True)
+    except (binascii.Error, ValueError):
+        raise CaSourceError(f"{where}: not base64") from None
+
+
+def usable_bundle(pem: bytes, where: str) -> bytes:
+    """``pem`` when it holds at least one certificate a TLS client can trust, else ``CaSourceError``."""
+    if not certificates(pem):
+        raise CaSourceError(f"{where}: no PEM certificate")
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=pem.decode("ascii"))
+    except (UnicodeDecodeError, ssl.SSLError, ValueError) as exc:
+        reason = exc.reason if isinstance(exc, ssl.SSLError) and exc.reason else type(exc).__name__
+        raise CaSourceError(f"{where}: the certificates cannot be loaded ({reason})") from None
+    return pem
 
 
 # --- check's CA warnings -------------------------------------------------------------------------
