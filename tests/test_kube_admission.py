@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -198,7 +199,7 @@ def phase(
         )  # fmt: skip
         printed = subprocess.run(
             [
-                "webhook-gateway", "registration", "--config", str(workdir / "config"),
+                sys.executable, "-m", "gateway", "registration", "--config", str(workdir / "config"),
                 "--name", f"e2e-gateway-{RUN}", "--url", gateway.url, "--ca-bundle", str(tls.ca_path),
             ],
             capture_output=True, text=True, check=True, timeout=60,
