@@ -569,6 +569,32 @@ async def test_tls_with_ca_bundle(nursery, tmp_path, caller, trusted, ok):
         assert "certificate" in failure_message(response, setup.backend.url("/convert"))
 
 
+async def test_the_backends_tls_context_is_built_once_not_per_call(nursery, tmp_path, monkeypatch):
+    """CNV-15: conversion calls go through the admission backends' caller and its resolved targets:
+    the TLS context of a CRD's caBundle is built with the configuration, not again on every call."""
+    import gateway.transport.resolve as resolve
+
+    built: list[bytes] = []
+    real = resolve.client_ssl_context
+
+    def counting(ca_bundle: bytes, *args: Any, **kwargs: Any) -> Any:
+        built.append(ca_bundle)
+        return real(ca_bundle, *args, **kwargs)
+
+    monkeypatch.setattr(resolve, "client_ssl_context", counting)
+    ca = trustme.CA()
+    setup = await start_conversion(
+        nursery,
+        tmp_path,
+        [crd(url="__backend__/convert", ca_bundle=ca.cert_pem.bytes())],
+        backend_tls=server_context(ca, "127.0.0.1"),
+    )
+    for _ in range(5):
+        sent = conversion_review([crontab()])
+        assert check_envelope(sent, (await setup.send(sent)).json)["result"]["status"] == "Success"
+    assert built == [ca.cert_pem.bytes()]
+
+
 async def test_per_host_credentials_apply_and_rotate(nursery, tmp_path):
     """CNV-15 / TRN-10/11: conversion calls carry the admission backends' per-host credentials."""
     import yaml
