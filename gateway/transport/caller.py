@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway.config.model import ClientConfig, Snapshot, Webhook
+from gateway.config.trust import CaReference
 from gateway.errors import (
     CallingWebhookError,
     ClientConfigError,
@@ -36,6 +37,7 @@ from gateway.transport.credentials import CredentialStore
 from gateway.transport.endpoints import EndpointRouter
 from gateway.transport.pool import ClientPool
 from gateway.transport.resolve import Target, Targets
+from gateway.transport.trust import TrustStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,10 +60,13 @@ class BackendCaller:
         pool: ClientPool,
         credentials: CredentialStore | None = None,
         endpoints: EndpointRouter | None = None,
+        trust: TrustStore | None = None,
     ) -> None:
         self.pool = pool
-        self._targets = Targets(credentials)
+        self._targets = Targets(credentials, trust)
         self.endpoints = endpoints  # service backends balanced over their EndpointSlices when set
+        if trust is not None:
+            trust.subscribe(self._trust_changed)
 
     @property
     def credentials(self) -> CredentialStore | None:
@@ -69,8 +74,15 @@ class BackendCaller:
 
     @credentials.setter
     def credentials(self, credentials: CredentialStore | None) -> None:
-        previous, self._targets = self._targets, Targets(credentials)
+        previous, self._targets = self._targets, Targets(credentials, self._targets.trust)
         self._targets.retain(previous.client_configs())
+
+    def _trust_changed(self, _reference: CaReference) -> None:
+        """A referenced CA bundle changed: rebuild the targets now, so that every call from here on
+        verifies against the new bundle. Its TLS digest is part of the pool key, so new calls open
+        new connections; those opened under the previous bundle finish their calls and close when
+        idle (as the apiserver's own client does when a caBundle changes)."""
+        self._targets.retain(self._targets.client_configs())
 
     def prepare(self, snapshot: Snapshot) -> None:
         """Resolve the targets of ``snapshot``'s backends now, and forget those of older snapshots."""

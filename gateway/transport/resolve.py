@@ -22,6 +22,7 @@ from gateway.config.model import ClientConfig
 from gateway.errors import ClientConfigError
 from gateway.transport.credentials import CredentialStore, Header
 from gateway.transport.tls import ClientCertificate, client_ssl_context, tls_identity
+from gateway.transport.trust import TrustStore
 
 Scheme = Literal["http", "https"]
 
@@ -142,13 +143,15 @@ def resolve_target(
     client_config: ClientConfig,
     credentials: CredentialStore | None,
     contexts: TLSContexts | None = None,
+    trust: TrustStore | None = None,
 ) -> Target:
     """The call target of a backend; ``ClientConfigError`` if its caBundle or credentials are unusable.
 
     Builds everything anew (an ``SSLContext`` costs milliseconds): callers keep the result, see
-    ``Targets``. ``contexts`` shares one context between targets with equal TLS settings.
+    ``Targets``. ``contexts`` shares one context between targets with equal TLS settings; ``trust``
+    holds the bundles of ``caFrom`` references.
     """
-    return _resolve(client_config, credentials, contexts if contexts is not None else TLSContexts())
+    return _resolve(client_config, credentials, contexts if contexts is not None else TLSContexts(), trust)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,8 +214,9 @@ class Targets:
 
     MAX_ENTRIES = 4096
 
-    def __init__(self, credentials: CredentialStore | None) -> None:
+    def __init__(self, credentials: CredentialStore | None, trust: TrustStore | None = None) -> None:
         self.credentials = credentials
+        self.trust = trust
         self._targets: dict[ClientConfig, Target | Unusable] = {}
         self._contexts = TLSContexts()
 
@@ -246,7 +250,7 @@ class Targets:
     def _resolve(self, client_config: ClientConfig) -> Target | Unusable:
         result: Target | Unusable
         try:
-            result = _resolve(client_config, self.credentials, self._contexts)
+            result = _resolve(client_config, self.credentials, self._contexts, self.trust)
         except ClientConfigError as exc:
             result = Unusable(str(exc))
         if len(self._targets) >= self.MAX_ENTRIES:
@@ -255,8 +259,23 @@ class Targets:
         return result
 
 
+def _ca_bundle(client_config: ClientConfig, trust: TrustStore | None) -> bytes:
+    """The CA bundle a backend is verified against: its ``caFrom`` reference's, else its own."""
+    reference = client_config.ca_from
+    if reference is None:
+        return client_config.ca_bundle
+    if trust is None:
+        raise ClientConfigError(
+            f"no CA bundle from {reference.describe()}: this command does not read caFrom"
+        )
+    return trust.bundle(reference)
+
+
 def _resolve(
-    client_config: ClientConfig, credentials: CredentialStore | None, contexts: TLSContexts
+    client_config: ClientConfig,
+    credentials: CredentialStore | None,
+    contexts: TLSContexts,
+    trust: TrustStore | None = None,
 ) -> Target:
     scheme: Scheme
     if client_config.service is not None:
@@ -290,8 +309,9 @@ def _resolve(
     context = None
     tls = ""
     if scheme == "https":
-        context = contexts.get(client_config.ca_bundle, client_cert, http2_allowed)
-        tls = tls_identity(client_config.ca_bundle, client_cert, http2_allowed=http2_allowed)
+        ca_bundle = _ca_bundle(client_config, trust)
+        context = contexts.get(ca_bundle, client_cert, http2_allowed)
+        tls = tls_identity(ca_bundle, client_cert, http2_allowed=http2_allowed)
     origin = Origin(scheme, host, port, tls, found.identity if found is not None else "")
     return Target(
         scheme=scheme,

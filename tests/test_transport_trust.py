@@ -1,0 +1,85 @@
+"""A backend trusted through a CA reference (issue 34 §1), over real sockets and real TLS.
+
+The caller verifies a ``caFrom`` backend against the bundle the ``TrustStore`` holds for the reference:
+never the system roots when it was never read, the last good bundle when a new value is refused, and
+the new bundle for every call after a change, without rebuilding the caller. Connections opened under
+the previous bundle are not used for new calls (the bundle's digest is part of the pool key).
+"""
+
+from __future__ import annotations
+
+import trio
+import trustme
+
+from gateway.config.model import ClientConfig
+from gateway.config.trust import CaReference
+from gateway.errors import CallingWebhookError
+from gateway.transport.caller import BackendCaller
+from gateway.transport.pool import ClientPool
+from gateway.transport.trust import TrustStore
+from tests.support.httpservers import BackendServer, server_context
+
+REFERENCE = CaReference(source="secret", namespace="team-a", name="policy-ca", key="ca.crt")
+BODY = b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}'
+
+
+async def _post(caller: BackendCaller, client_config: ClientConfig) -> int | str:
+    """The HTTP status, or the call error's reason."""
+    try:
+        reply = await caller.post(client_config, BODY, timeout_seconds=5)
+    except CallingWebhookError as exc:
+        return exc.reason
+    return reply.status
+
+
+async def test_a_reference_never_read_fails_the_call_and_never_falls_back_to_the_system_roots(
+    nursery: trio.Nursery,
+) -> None:
+    backend = await nursery.start(BackendServer(server_context(trustme.CA(), "127.0.0.1")).serve)
+    client_config = ClientConfig(url=backend.url("/allow"), ca_from=REFERENCE)
+    async with ClientPool() as pool:
+        caller = BackendCaller(pool, trust=TrustStore())
+        assert await _post(caller, client_config) == (
+            "could not get REST client: no CA bundle from secret team-a/policy-ca[ca.crt]: not read yet"
+        )
+        assert backend.connections == 0
+
+
+async def test_the_trust_store_follows_a_ca_rotation_without_a_restart(nursery: trio.Nursery) -> None:
+    """The owner rotates: the gateway keeps its last good CA through a bad value, and from the moment
+    the new CA is accepted every new call verifies against it (and only it)."""
+    old_ca, new_ca = trustme.CA(), trustme.CA()
+    backend = await nursery.start(BackendServer(server_context(old_ca, "127.0.0.1")).serve)
+    client_config = ClientConfig(url=backend.url("/allow"), ca_from=REFERENCE)
+    trust = TrustStore()
+    async with ClientPool() as pool:
+        caller = BackendCaller(pool, trust=trust)
+        trust.accept(REFERENCE, old_ca.cert_pem.bytes())
+        assert await _post(caller, client_config) == 200
+        assert backend.connections == 1
+
+        trust.refuse(REFERENCE, 'the Secret has no key "ca.crt"')  # a bad value: the last good CA stays
+        assert await _post(caller, client_config) == 200
+        assert backend.connections == 1, "the pooled connection is still good"
+
+        # the owner re-issues the backend's certificate from the new CA and publishes the new CA
+        backend.ssl_context = server_context(new_ca, "127.0.0.1")
+        assert trust.accept(REFERENCE, new_ca.cert_pem.bytes())
+        assert await _post(caller, client_config) == 200
+        assert backend.connections == 2, "new calls do not reuse the connection opened under the old CA"
+
+        # and the old CA is no longer trusted: a backend still serving an old-CA certificate is refused
+        stale = await nursery.start(BackendServer(server_context(old_ca, "127.0.0.1")).serve)
+        failed = await _post(caller, ClientConfig(url=stale.url("/allow"), ca_from=REFERENCE))
+        assert isinstance(failed, str)
+        assert failed.endswith("x509: certificate signed by unknown authority"), failed
+
+
+async def test_a_static_bundle_is_untouched_by_the_store(nursery: trio.Nursery) -> None:
+    ca = trustme.CA()
+    backend = await nursery.start(BackendServer(server_context(ca, "127.0.0.1")).serve)
+    async with ClientPool() as pool:
+        caller = BackendCaller(pool, trust=TrustStore())
+        assert (
+            await _post(caller, ClientConfig(url=backend.url("/allow"), ca_bundle=ca.cert_pem.bytes())) == 200
+        )
