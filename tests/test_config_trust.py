@@ -458,3 +458,36 @@ def test_bundle_from_a_referenced_object(
     with pytest.raises(CaSourceError) as exc:
         bundle_from_object(reference, obj)
     assert str(exc.value) == f"{reference.describe()}: {error}"
+
+
+def test_ca_expiries_list_every_ca_each_backend_is_verified_against() -> None:
+    """The metric's source: a static caBundle's certificates, a reference's bundle as read, nothing for
+    a backend on the system roots or a reference not read yet."""
+    from gateway.config.trust import ca_expiries, certificate_label, certificates
+
+    static = ca_pem(not_before=NOW - DAY, not_after=NOW + 100 * DAY, cn="static")
+    old = ca_pem(not_before=NOW - DAY, not_after=NOW + 5 * DAY, cn="old")
+    new = ca_pem(not_before=NOW - DAY, not_after=NOW + 400 * DAY, cn="new")
+    reference = CaReference(source="secret", namespace="a", name="b", key="ca.crt")
+    snapshot = load(
+        config(hook("static.b.c", clientConfig={**SERVICE, "caBundle": base64.b64encode(static).decode()}),
+               hook("roots.b.c"), kind=VALIDATING, name="v"),
+        annotated('"*": {caFrom: {secret: {namespace: a, name: b}}}', hook("ref.b.c", clientConfig=SERVICE),
+                  name="m"),
+        annotated('"*": {caFrom: {secret: {namespace: a, name: unread}}}', hook("unread.b.c", clientConfig=SERVICE),
+                  name="n"),
+    )  # fmt: skip
+    got = {
+        (e.webhook, e.kind, e.source, e.certificate, e.not_after)
+        for e in ca_expiries(snapshot, {reference: old + new})
+    }
+
+    def row(name: str, kind: str, source: str, pem: bytes) -> tuple[str, str, str, str, float]:
+        (cert,) = certificates(pem)
+        return (name, kind, source, certificate_label(cert), cert.not_valid_after_utc.timestamp())
+
+    assert got == {
+        row("static.b.c", "validating", "caBundle", static),
+        row("ref.b.c", "mutating", "secret a/b[ca.crt]", old),
+        row("ref.b.c", "mutating", "secret a/b[ca.crt]", new),
+    }

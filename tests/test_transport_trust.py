@@ -83,3 +83,27 @@ async def test_a_static_bundle_is_untouched_by_the_store(nursery: trio.Nursery) 
         assert (
             await _post(caller, ClientConfig(url=backend.url("/allow"), ca_bundle=ca.cert_pem.bytes())) == 200
         )
+
+
+async def test_the_expiry_of_each_backends_serving_certificate_is_exported(nursery: trio.Nursery) -> None:
+    """Issue 34 §1: every TLS handshake with a backend exports when the certificate it presented
+    expires, per TLS server name (webhook_gateway_backend_certificate_expiry_timestamp_seconds)."""
+    from cryptography import x509
+
+    from gateway.observability import Observability
+
+    ca = trustme.CA()
+    leaf = ca.issue_cert("127.0.0.1")
+    context = server_context(ca, "127.0.0.1")
+    leaf.configure_cert(context)
+    backend = await nursery.start(BackendServer(context).serve)
+    observer = Observability(review_log=False)
+    async with ClientPool(on_peer_certificate=observer.backend_certificate_seen) as pool:
+        caller = BackendCaller(pool)
+        assert (
+            await _post(caller, ClientConfig(url=backend.url("/allow"), ca_bundle=ca.cert_pem.bytes())) == 200
+        )
+    expected = x509.load_pem_x509_certificate(leaf.cert_chain_pems[0].bytes()).not_valid_after_utc.timestamp()
+    assert observer.prometheus is not None
+    assert set(observer.prometheus.backend_certificate_expiry.children) == {("127.0.0.1",)}
+    assert observer.prometheus.backend_certificate_expiry.labels("127.0.0.1").value == expected

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 import msgspec
 from cryptography import x509
+from cryptography.hazmat.primitives import hashes
 
 from gateway.config.fielderrors import (
     FieldError,
@@ -459,6 +460,54 @@ def usable_bundle(pem: bytes, where: str) -> bytes:
         reason = exc.reason if isinstance(exc, ssl.SSLError) and exc.reason else type(exc).__name__
         raise CaSourceError(f"{where}: the certificates cannot be loaded ({reason})") from None
     return pem
+
+
+# --- what the gateway trusts, for its expiry metric -------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CaExpiry:
+    """One CA certificate a backend is verified against, and when it expires."""
+
+    webhook: str
+    kind: str  # validating, mutating, conversion
+    source: str  # "caBundle", or the reference (``CaReference.describe``)
+    certificate: str  # its subject and the start of its SHA-256 fingerprint
+    not_after: float  # Unix seconds
+
+
+def certificate_label(cert: x509.Certificate) -> str:
+    """A short, stable name for a certificate: ``CN=x sha256:1a2b3c4d`` (two CAs of a rotation often
+    share their subject)."""
+    return f"{_subject(cert)} sha256:{cert.fingerprint(hashes.SHA256()).hex()[:8]}"
+
+
+def ca_expiries(snapshot: Snapshot, bundles: Mapping[CaReference, bytes]) -> list[CaExpiry]:
+    """Every CA certificate each backend (admission and conversion) is verified against now: its
+    reference's bundle in ``bundles``, or its static caBundle. Backends verified against the system
+    roots (no caBundle, no reference) are not listed."""
+    parsed: dict[bytes, list[tuple[str, float]]] = {}
+
+    def certs_of(pem: bytes) -> list[tuple[str, float]]:
+        found = parsed.get(pem)
+        if found is None:
+            found = parsed[pem] = [
+                (certificate_label(c), c.not_valid_after_utc.timestamp()) for c in certificates(pem)
+            ]
+        return found
+
+    backends = [(h.name, h.kind, h.client_config) for h in (*snapshot.validating, *snapshot.mutating)]
+    backends += [(name, "conversion", e.client_config) for name, e in snapshot.conversions.items()]
+    out = []
+    for name, kind, client_config in backends:
+        reference = client_config.ca_from
+        if reference is not None:
+            pem, source = bundles.get(reference, b""), reference.describe()
+        else:
+            pem, source = client_config.ca_bundle, "caBundle"
+        for label, not_after in certs_of(pem) if pem.strip() else ():
+            out.append(CaExpiry(name, kind, source, label, not_after))
+    return out
 
 
 # --- check's CA warnings -------------------------------------------------------------------------

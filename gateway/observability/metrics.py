@@ -43,6 +43,7 @@ from prometheus_client.samples import Sample
 
 from gateway import __version__
 from gateway.admission import OPERATIONS
+from gateway.config.trust import CaExpiry
 from gateway.conversion.convert import ConversionReport
 from gateway.dispatch.report import DispatchReport, InvocationRecord
 
@@ -743,12 +744,54 @@ class Metrics:
             "and outcome (allowed, denied, mutated, error).",
             ("webhook", "outcome"),
         )
+        # --- backend trust (caFrom references, docs/configuration.md#backend-ca-bundles-cafrom) ----
+        self.backend_ca_expiry = _gauge(
+            "backend_ca_expiry_timestamp_seconds",
+            "When each CA certificate a backend webhook is verified against expires (notAfter), in "
+            "seconds since the Unix epoch, per webhook name, type (validating, admit, conversion), "
+            "source (caBundle, or the caFrom reference it was read from) and certificate (its subject "
+            "and the start of its SHA-256 fingerprint). Backends verified against the system roots are "
+            "not listed.",
+            ("name", "type", "source", "certificate"),
+        )  # fmt: skip
+        self.backend_ca_updates = _counter(
+            "backend_ca_updates_total",
+            "Values read from caFrom references (watched objects and files), per source and result: "
+            "changed (the new bundle is in force), unchanged, refused (not usable: the last good bundle "
+            "stays in force; the log says why).",
+            ("source", "result"),
+        )  # fmt: skip
+        self.backend_certificate_expiry = _gauge(
+            "backend_certificate_expiry_timestamp_seconds",
+            "When the serving certificate a backend presented in the latest TLS handshake with it "
+            "expires (notAfter), in seconds since the Unix epoch, per TLS server name.",
+            ("server",),
+        )  # fmt: skip
         self.families += (
             self.circuit_state, self.circuit_transitions, self.calls_refused, self.reviews_shed,
-            self.shadow_decisions,
+            self.shadow_decisions, self.backend_ca_expiry, self.backend_ca_updates,
+            self.backend_certificate_expiry,
         )  # fmt: skip
         for reason in ("in_flight", "event_loop_lag"):
             self.reviews_shed.labels(reason)
+
+    MAX_BACKEND_CERTIFICATE_SERVERS = 1024
+
+    def backend_cas_trusted(self, expiries: Iterable[CaExpiry]) -> None:
+        """The CA certificates backends are verified against now (replaces the previous set)."""
+        self.backend_ca_expiry.children.clear()
+        for e in expiries:
+            labels = (e.webhook, _WEBHOOK_TYPE.get(e.kind, e.kind), e.source, e.certificate)
+            self.backend_ca_expiry.labels(*labels).value = e.not_after
+
+    def backend_ca_updated(self, source: str, result: str) -> None:
+        self.backend_ca_updates.labels(source, result).value += 1
+
+    def backend_certificate_seen(self, server: str, not_after: float) -> None:
+        children = self.backend_certificate_expiry.children
+        if (server,) not in children and len(children) >= self.MAX_BACKEND_CERTIFICATE_SERVERS:
+            return  # bounded: the configuration names far fewer servers
+        self.backend_certificate_expiry.labels(server).value = not_after
 
     def circuit_changed(self, webhook: str, state: int, label: str) -> None:
         """A circuit moved to ``state`` (its gauge value) named ``label`` (closed, open, half-open)."""

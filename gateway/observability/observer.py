@@ -16,6 +16,7 @@ from typing import Any, Final, Protocol
 import structlog
 
 from gateway.config.model import Snapshot
+from gateway.config.trust import CaReference, ca_expiries
 from gateway.conversion.convert import ConversionReport
 from gateway.dispatch.report import DispatchReport
 from gateway.dispatch.shadow import ShadowResult
@@ -285,6 +286,39 @@ class Observability:
             )
             return
         self.prometheus.serving_certificate_loaded(cert.not_valid_after_utc.timestamp())
+
+    # --- backend trust (caFrom references) ---------------------------------------------------------
+
+    def backend_trust_changed(self, snapshot: Snapshot, bundles: Mapping[CaReference, bytes]) -> None:
+        """Export the expiry of every CA certificate backends are verified against now."""
+        if self.prometheus is not None:
+            self.prometheus.backend_cas_trusted(ca_expiries(snapshot, bundles))
+
+    def ca_source_updated(self, reference: CaReference, result: str, detail: str) -> None:
+        """A value was read from ``reference``: ``changed`` (``detail`` describes the new bundle),
+        ``unchanged``, or ``refused`` (``detail`` says why; the last good bundle stays in force)."""
+        source = reference.describe()
+        if self.prometheus is not None:
+            self.prometheus.backend_ca_updated(source, result)
+        log = structlog.get_logger("gateway.trust")
+        if result == "changed":
+            log.info("backend CA in force", source=source, bundle=detail)
+        elif result == "refused":
+            log.warning(
+                "backend CA refused; the last good one stays in force", source=source, reason=detail
+            )
+
+    def backend_certificate_seen(self, server: str, der: bytes) -> None:
+        """A backend presented this certificate (DER) in a TLS handshake: export its expiry."""
+        if self.prometheus is None:
+            return
+        from cryptography import x509
+
+        try:
+            not_after = x509.load_der_x509_certificate(der).not_valid_after_utc.timestamp()
+        except ValueError:
+            return
+        self.prometheus.backend_certificate_seen(server, not_after)
 
     def watch_pool(self, pool: ConnectionCounts) -> None:
         """Export the pool's open connections per origin (``pool.open_connections()`` at each scrape)."""

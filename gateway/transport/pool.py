@@ -8,7 +8,7 @@ not followed (FPT-11). The pool owns a nursery: HTTP/2 reader/writer tasks and t
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from types import TracebackType
 
@@ -74,12 +74,15 @@ class ClientPool:
         h2c_prior_knowledge: bool = False,
         connect_override: Mapping[str, tuple[str, int]] | None = None,
         user_agent: str = f"webhook-gateway/{__version__}",
+        on_peer_certificate: Callable[[str, bytes], None] | None = None,
     ) -> None:
         self._max_connections = max_connections_per_origin
         self._idle_timeout = idle_timeout_seconds
         self._max_response_bytes = max_response_bytes
         self._h2c = h2c_prior_knowledge
         self._connect_override = dict(connect_override or {})
+        # after every TLS handshake: (server name, the certificate the backend presented, DER)
+        self._on_peer_certificate = on_peer_certificate
         self._user_agent = user_agent.encode()
         # TRN-05: sent with every call, after the request line or pseudo-headers.
         self._fixed_headers: tuple[Header, ...] = (
@@ -280,6 +283,10 @@ class ClientPool:
         except BaseException:
             await trio.aclose_forcefully(tls)
             raise
+        if self._on_peer_certificate is not None:
+            der = tls.getpeercert(binary_form=True)
+            if isinstance(der, bytes):
+                self._on_peer_certificate(target.server_hostname or target.host, der)
         return tls, tls.selected_alpn_protocol()
 
     def _release_stream(self, group: _OriginConnections, connection: HTTP2Connection) -> None:
