@@ -491,3 +491,21 @@ def test_ca_expiries_list_every_ca_each_backend_is_verified_against() -> None:
         row("ref.b.c", "mutating", "secret a/b[ca.crt]", old),
         row("ref.b.c", "mutating", "secret a/b[ca.crt]", new),
     }
+
+
+def test_serve_without_cluster_access_refuses_a_reference_to_a_cluster_object(tmp_path: Path) -> None:
+    """A gateway in file mode cannot read a Secret: it refuses to start (exit 2) with a line naming file,
+    object and field, rather than start and fail every call to that backend."""
+    policy = '"*": {caFrom: {secret: {namespace: cert-manager, name: cert-manager-webhook-ca}}}'
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(annotated(policy)))
+    got = subprocess.run(
+        [sys.executable, "-m", "gateway", "serve", "--config", str(tmp_path), "--bind", "127.0.0.1:0",
+         "--log-format", "console", "--workers", "1"],
+        capture_output=True, text=True, check=False, timeout=60, cwd=REPO,
+    )  # fmt: skip
+    assert got.returncode == 2
+    assert (
+        f'{tmp_path / "a.yaml"}: MutatingWebhookConfiguration "team-a" {ROOT}[a.b.c].caFrom: secret '
+        "cert-manager/cert-manager-webhook-ca[ca.crt] is read from the cluster, but the gateway runs without "
+        "cluster access (--namespace-source config): use caFrom.file, or --namespace-source cluster"
+    ) in (got.stdout + got.stderr).replace('\\"', '"')

@@ -20,8 +20,9 @@ import copy
 import json
 import subprocess
 import sys
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ import yaml
 from gateway.config.load import load_directory
 from gateway.config.trust import watch_plan
 from tests.support.controlplane import ControlPlane
-from tests.support.processes import Backends, TLSFiles, start_backends
+from tests.support.processes import Backends, TLSFiles, start_backends, start_gateway_process
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "config" / "examples"
@@ -203,3 +204,159 @@ def test_parking_stops_the_direct_calls_and_unparking_restores_them(
         assert "called directly" in after.stderr
     finally:
         control_plane.kubectl("delete", kind, name, "--ignore-not-found", "--wait=false", check=False)
+
+
+# --- the gateway following its owner's CA rotation, through the real apiserver ------------------------------
+
+FOLLOW = [
+    pytest.param("mutatingWebhookConfiguration", id="issue 34 §1: a live webhook configuration's caBundle, patched by a cainjector"),
+    pytest.param("secret", id="issue 34 §1: a Secret key, rotated by its owner"),
+    pytest.param("configMap", id="issue 34 §1: a ConfigMap key, rotated by its owner"),
+]  # fmt: skip
+
+
+def _wait_for(predicate: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("source", FOLLOW)
+def test_the_gateway_follows_the_owners_ca_rotation_without_a_restart(
+    control_plane: ControlPlane, tmp_path: Path, source: str
+) -> None:
+    """The migration's end state: the original registration parked where its owner keeps its CA fresh,
+    the gateway's copy naming that place. A real TLS backend's certificate changes CA; the owner (a
+    kubectl patch standing in for cainjector, istiod or a cert controller) publishes the new CA; the
+    gateway verifies the backend with it from then on, without a restart. A bad value published later
+    is refused and the last good CA stays in force."""
+    run = uuid.uuid4().hex[:6]
+    namespace = control_plane.create_namespace(f"follow-{run}")
+    old_tls, new_tls = TLSFiles(tmp_path / "old-ca"), TLSFiles(tmp_path / "new-ca")
+    backends = start_backends(tmp_path / "backends-old", old_tls)
+    webhook = f"inject.follow-{run}.example.com"
+    url = backends.url("/deny/403/reached%20the%20backend")
+    holder = f"holder-{run}"
+
+    def publish(pem: bytes) -> None:
+        """The owner writes its CA where it keeps it."""
+        if source == "secret":
+            body: dict[str, Any] = {"data": {"ca.crt": _b64(pem)}}
+            control_plane.kubectl(
+                "-n", namespace, "patch", "secret", holder, "--type", "merge", "-p", json.dumps(body)
+            )
+        elif source == "configMap":
+            body = {"data": {"ca.crt": pem.decode()}}
+            control_plane.kubectl(
+                "-n", namespace, "patch", "configmap", holder, "--type", "merge", "-p", json.dumps(body)
+            )
+        else:
+            body = {"webhooks": [{"name": webhook, "clientConfig": {"caBundle": _b64(pem)}}]}
+            control_plane.kubectl(
+                "patch", "mutatingwebhookconfiguration", holder, "--type", "strategic", "-p", json.dumps(body)
+            )
+
+    if source == "secret":
+        control_plane.kubectl(
+            "-n", namespace, "create", "secret", "generic", holder, "--from-literal=ca.crt=x"
+        )
+        reference = {"secret": {"namespace": namespace, "name": holder}}
+    elif source == "configMap":
+        control_plane.kubectl("-n", namespace, "create", "configmap", holder, "--from-literal=ca.crt=x")
+        reference = {"configMap": {"namespace": namespace, "name": holder}}
+    else:  # the original registration, parked: its owner keeps its caBundle fresh
+        original = {
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": holder},
+            "webhooks": [{
+                "name": webhook, "clientConfig": {"url": url}, "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps"]}],
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+                "matchConditions": [{"name": "webhook-gateway.io/parked", "expression": "false"}],
+            }],
+        }  # fmt: skip
+        control_plane.kubectl("apply", "-f", "-", input=json.dumps(original))
+        reference = {"mutatingWebhookConfiguration": {"name": holder}}
+    publish(old_tls.ca.cert_pem.bytes())
+
+    config_dir = tmp_path / "config"
+    config_dir.mkdir()
+    copy_doc = {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": f"copy-{run}", "annotations": {
+            "webhook-gateway.io/backend-policy": json.dumps({"*": {"caFrom": reference}})}},
+        "webhooks": [{
+            "name": webhook, "clientConfig": {"url": url}, "sideEffects": "None", "admissionReviewVersions": ["v1"],
+            "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps"]}],
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+            "failurePolicy": "Fail", "timeoutSeconds": 5,
+        }],
+    }  # fmt: skip
+    (config_dir / "copy.yaml").write_text(yaml.safe_dump(copy_doc))
+    gateway_tls = TLSFiles(tmp_path / "gateway-tls")
+    gateway = start_gateway_process(
+        tmp_path / "gateway", config_dir, gateway_tls,
+        "--namespace-source", "cluster", "--kubeconfig", str(control_plane.kubeconfig),
+    )  # fmt: skip
+    registration = subprocess.run(
+        [sys.executable, "-m", "gateway", "registration", "--config", str(config_dir), "--name", f"gw-{run}",
+         "--url", gateway.url, "--ca-bundle", str(gateway_tls.ca_path)],
+        capture_output=True, text=True, check=True, timeout=60, cwd=REPO,
+    ).stdout  # fmt: skip
+    (tmp_path / "registration.yaml").write_text(registration)
+    control_plane.kubectl("apply", "-f", str(tmp_path / "registration.yaml"))
+
+    def create(name: str) -> str:
+        body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}}
+        proc = control_plane.kubectl(
+            "-n", namespace, "create", "-f", "-", input=json.dumps(body), check=False
+        )
+        assert proc.returncode != 0, "every review reaches the backend, which denies it"
+        return proc.stderr
+
+    def in_force() -> int:
+        return sum(1 for e in gateway.log_events() if e.get("event") == "backend CA in force")
+
+    try:
+        assert "reached the backend" in create("first"), "verified with the CA read from the reference"
+
+        # the backend's certificate changes CA (the owner re-issued it); until the owner publishes
+        # the new CA, the gateway cannot verify it
+        backends.stop()
+        backends = start_backends(tmp_path / "backends-new", new_tls, port=backends.port)
+        assert "x509: certificate signed by unknown authority" in create("before-publish")
+        before = in_force()
+        publish(new_tls.ca.cert_pem.bytes())
+        _wait_for(lambda: in_force() > before, "the gateway to put the new CA in force")
+        assert "reached the backend" in create("after-publish"), "followed without a restart"
+
+        # a bad value: refused, logged, and the last good CA stays in force
+        publish(b"-----BEGIN CERTIFICATE-----\nnot a certificate\n-----END CERTIFICATE-----\n")
+        _wait_for(
+            lambda: any(e.get("event") == "backend CA refused; the last good one stays in force" for e in gateway.log_events()),
+            "the gateway to refuse the bad value",
+        )  # fmt: skip
+        assert "reached the backend" in create("after-bad-value")
+        assert gateway.proc.poll() is None
+    finally:
+        control_plane.kubectl(
+            "delete",
+            "--wait=false",
+            "--ignore-not-found",
+            "-f",
+            str(tmp_path / "registration.yaml"),
+            check=False,
+        )
+        control_plane.kubectl(
+            "delete",
+            "mutatingwebhookconfiguration",
+            holder,
+            "--ignore-not-found",
+            "--wait=false",
+            check=False,
+        )
+        control_plane.api("DELETE", f"/api/v1/namespaces/{namespace}")
+        gateway.stop()
+        backends.stop()

@@ -107,3 +107,62 @@ async def test_the_expiry_of_each_backends_serving_certificate_is_exported(nurse
     assert observer.prometheus is not None
     assert set(observer.prometheus.backend_certificate_expiry.children) == {("127.0.0.1",)}
     assert observer.prometheus.backend_certificate_expiry.labels("127.0.0.1").value == expected
+
+
+# --- serve, file mode: caFrom.file followed without a restart ------------------------------------------
+
+
+async def test_serve_follows_a_ca_file_and_keeps_the_last_good_one(nursery: trio.Nursery, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 34 §1, file mode: the gateway verifies a backend with the CA file its caFrom names; when the
+    backend's certificate changes CA and the file is rewritten, it follows within the poll interval;
+    a file rewritten with junk is refused and the last good CA stays in force."""
+    import json as _json
+    from functools import partial
+
+    import yaml
+    from structlog.testing import capture_logs
+
+    from gateway.devtools.backends import serve_backend
+    from tests.support.gateway import gateway_client, review, send_review, start_gateway
+
+    old_ca, new_ca = trustme.CA(), trustme.CA()
+    backend_tls = server_context(old_ca, "127.0.0.1")  # the sample backends: real admission answers
+    backend = await nursery.start(partial(serve_backend, ssl_context=backend_tls))
+    ca_file = tmp_path / "backend-ca.pem"
+    ca_file.write_bytes(old_ca.cert_pem.bytes())
+    config_dir = tmp_path / "config"
+    config_dir.mkdir()
+    doc = {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": "team-a", "annotations": {
+            "webhook-gateway.io/backend-policy": _json.dumps({"*": {"caFrom": {"file": str(ca_file)}}})}},
+        "webhooks": [{"name": "check.team-a.example.com", "clientConfig": {"url": backend.url("/allow")},
+                      "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}],
+                      "sideEffects": "None", "admissionReviewVersions": ["v1"], "failurePolicy": "Fail", "timeoutSeconds": 5}],
+    }  # fmt: skip
+    (config_dir / "a.yaml").write_text(yaml.safe_dump(doc))
+    with capture_logs() as logs:
+        running = await start_gateway(nursery, config_dir, "--config-poll-seconds", "0.05")
+        client = await gateway_client(running)
+
+        async def allowed() -> bool | str:
+            answer = _json.loads((await send_review(client, "validate", review())).body)["response"]
+            return True if answer["allowed"] else answer["status"]["message"]
+
+        assert await allowed() is True
+
+        new_ca.issue_cert("127.0.0.1").configure_cert(backend_tls)  # its certificate changes CA
+        backend_connections = backend.connections
+        ca_file.write_bytes(new_ca.cert_pem.bytes())
+        while sum(1 for e in logs if e["event"] == "backend CA in force") < 2:
+            await trio.sleep(0.02)
+        assert await allowed() is True, "the new CA is in force, no restart"
+        assert backend.connections == backend_connections + 1
+
+        ca_file.write_bytes(b"junk")
+        while not any(e["event"] == "backend CA refused; the last good one stays in force" for e in logs):
+            await trio.sleep(0.02)
+        assert await allowed() is True, "the last good CA stays in force"
+        running.shutdown()
+    (refused,) = [e for e in logs if e["event"] == "backend CA refused; the last good one stays in force"]
+    assert refused["reason"] == f"file {ca_file}: no PEM certificate"

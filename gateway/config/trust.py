@@ -43,9 +43,10 @@ from gateway.config.fielderrors import (
     required,
 )
 from gateway.config.formats import is_dns1123_label, is_dns1123_subdomain
+from gateway.errors import ConfigProblem
 
 if TYPE_CHECKING:
-    from gateway.config.model import Snapshot
+    from gateway.config.model import ClientConfig, Snapshot
 
 CA_FROM: Final = "caFrom"
 CaSource = Literal[
@@ -462,6 +463,30 @@ def usable_bundle(pem: bytes, where: str) -> bytes:
     return pem
 
 
+def cluster_reference_problems(snapshot: Snapshot) -> list[ConfigProblem]:
+    """For a gateway without cluster access: one error per webhook whose ``caFrom`` reads a cluster
+    object (only ``file`` references can be read there), naming file, object and field."""
+    problems = []
+    for hook in (*snapshot.validating, *snapshot.mutating):
+        reference = hook.client_config.ca_from
+        if reference is None or reference.watched is None:
+            continue
+        kind = (
+            "ValidatingWebhookConfiguration" if hook.kind == "validating" else "MutatingWebhookConfiguration"
+        )
+        problems.append(
+            ConfigProblem(
+                hook.source,
+                f"{reference.describe()} is read from the cluster, but the gateway runs without cluster "
+                "access (--namespace-source config): use caFrom.file, or --namespace-source cluster",
+                kind,
+                hook.configuration,
+                f"metadata.annotations[webhook-gateway.io/backend-policy][{hook.name}].caFrom",
+            )
+        )
+    return problems
+
+
 # --- what the gateway trusts, for its expiry metric -------------------------------------------------
 
 
@@ -496,7 +521,9 @@ def ca_expiries(snapshot: Snapshot, bundles: Mapping[CaReference, bytes]) -> lis
             ]
         return found
 
-    backends = [(h.name, h.kind, h.client_config) for h in (*snapshot.validating, *snapshot.mutating)]
+    backends: list[tuple[str, str, ClientConfig]] = [
+        (h.name, h.kind, h.client_config) for h in (*snapshot.validating, *snapshot.mutating)
+    ]
     backends += [(name, "conversion", e.client_config) for name, e in snapshot.conversions.items()]
     out = []
     for name, kind, client_config in backends:

@@ -304,9 +304,7 @@ class Observability:
         if result == "changed":
             log.info("backend CA in force", source=source, bundle=detail)
         elif result == "refused":
-            log.warning(
-                "backend CA refused; the last good one stays in force", source=source, reason=detail
-            )
+            log.warning("backend CA refused; the last good one stays in force", source=source, reason=detail)
 
     def backend_certificate_seen(self, server: str, der: bytes) -> None:
         """A backend presented this certificate (DER) in a TLS handshake: export its expiry."""

@@ -24,6 +24,7 @@ import trio
 
 from gateway.config.load import load_directory
 from gateway.config.model import Snapshot
+from gateway.config.trust import cluster_reference_problems
 from gateway.dispatch.engine import Dispatcher, DispatchSettings
 from gateway.dispatch.ports import NamespaceNotFoundError
 from gateway.errors import ConfigError, ConfigProblem, ListenError
@@ -98,6 +99,7 @@ async def serve(
     from gateway.transport.caller import BackendCaller
     from gateway.transport.credentials import CredentialStore
     from gateway.transport.pool import ClientPool
+    from gateway.transport.trust import TrustStore
 
     check_versions()  # hypercorn's and h11's internals are used: only verified releases run
     strict = bool(options.strict_https)
@@ -109,6 +111,8 @@ async def serve(
             snapshot.validating or snapshot.mutating or snapshot.conversions
         ):
             raise ConfigError([empty_config_problem(options.config)])
+        if options.namespace_source != "cluster" and (problems := cluster_reference_problems(snapshot)):
+            raise ConfigError(problems)  # caFrom of a cluster object, and no cluster to read it from
         return snapshot
 
     baseline = fingerprint(Path(options.config))  # taken first, so no change before the watch is missed
@@ -146,14 +150,20 @@ async def serve(
     readiness = readiness if readiness is not None else Readiness()  # a worker passes one (--workers)
     shutdown_requested = trio.Event()
 
+    trust = TrustStore()  # the CA bundles of caFrom references, kept fresh by the CA sources
+    trust.subscribe(lambda _reference: observer.backend_trust_changed(store.snapshot, trust.bundles()))
+    observer.backend_trust_changed(first, {})
     async with (
         ClientPool(
             max_connections_per_origin=options.max_connections_per_backend,
             max_response_bytes=options.max_backend_response_bytes,
+            on_peer_certificate=observer.backend_certificate_seen,
         ) as pool,
         trio.open_nursery() as nursery,
     ):
-        caller = BackendCaller(pool, credentials)
+        caller = BackendCaller(pool, credentials, trust=trust)
+        ca_sources = await _ca_sources(nursery, options, trust, observer, first)
+        readiness.add_check(lambda: ca_sources.ready)  # issue 34: every caFrom read once
         caller.prepare(first)  # backend targets (URL, TLS, credentials) are built with the snapshot
         source = await _namespace_source(nursery, options, store)
         endpoint_slices = _endpoint_slices(nursery, options, caller, store.snapshot)
@@ -199,7 +209,9 @@ async def serve(
 
         def on_reload(result: str, problems: Sequence[Any]) -> None:
             if result == "success":
+                ca_sources.watch_snapshot(store.snapshot)
                 caller.prepare(store.snapshot)
+                observer.backend_trust_changed(store.snapshot, trust.bundles())
             observer.config_reloaded(ok=result == "success", snapshot=store.snapshot, problems=list(problems))
             if endpoint_slices is not None:
                 endpoint_slices.watch_snapshot(store.snapshot)
@@ -414,6 +426,26 @@ async def _namespace_source(nursery: trio.Nursery, options: ServeSettings, store
     source = ClusterNamespaces(KubeClient(config))
     nursery.start_soon(source.run)  # readiness waits for its first list (MAT-33)
     return source
+
+
+async def _ca_sources(
+    nursery: trio.Nursery, options: ServeSettings, trust: Any, observer: Any, snapshot: Snapshot
+) -> Any:
+    """Issue 34: read and follow every caFrom reference (cluster objects with cluster access, files)."""
+    from gateway.sources.ca import CaSources
+
+    client = None
+    if options.namespace_source == "cluster":
+        from gateway.sources.kube import KubeClient, in_cluster_config, load_kubeconfig
+
+        config = load_kubeconfig(Path(options.kubeconfig)) if options.kubeconfig else in_cluster_config()
+        client = KubeClient(config)
+    sources = CaSources(
+        trust, client, on_update=observer.ca_source_updated, file_interval=options.config_poll_seconds
+    )
+    sources.watch_snapshot(snapshot)
+    await nursery.start(sources.run)
+    return sources
 
 
 def _overload_gate(options: ServeSettings, observer: Any) -> Any:

@@ -107,10 +107,11 @@ class Backends:
         stop_process(self.proc)
 
 
-def start_backends(workdir: Path, tls: TLSFiles) -> Backends:
+def start_backends(workdir: Path, tls: TLSFiles, *, port: int | None = None) -> Backends:
+    """``port``: the one a previous backends process used (a restart with a new certificate)."""
     workdir.mkdir(parents=True, exist_ok=True)
     log = workdir / "backends.log"
-    port = free_port()
+    port = port or free_port()
     proc = _spawn(
         [
             sys.executable, "-m", "gateway.devtools.backends",
