@@ -360,3 +360,113 @@ def test_the_gateway_follows_the_owners_ca_rotation_without_a_restart(
         control_plane.api("DELETE", f"/api/v1/namespaces/{namespace}")
         gateway.stop()
         backends.stop()
+
+
+def test_the_guides_order_of_steps_never_leaves_a_review_undecided(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """docs/migrating.md's steps with a real original registration, a real gateway and kubectl: the copy
+    in Shadow (the original decides), the copy enforcing (both decide, the same way), the original
+    parked (the gateway alone decides), and the rollback in reverse. At every step a review the backend
+    denies is denied; only the webhook named in the denial changes."""
+    run = uuid.uuid4().hex[:6]
+    namespace = control_plane.create_namespace(f"steps-{run}")
+    backend_tls = TLSFiles(tmp_path / "backend-ca")
+    backends = start_backends(tmp_path / "backends", backend_tls)
+    webhook = f"check.steps-{run}.example.com"
+    original_name = f"original-{run}"
+    ca = _b64(backend_tls.ca.cert_pem.bytes())
+    webhook_doc = {
+        "name": webhook, "clientConfig": {"url": backends.url("/deny/403/refused%20by%20the%20backend"), "caBundle": ca},
+        "sideEffects": "None", "admissionReviewVersions": ["v1"], "failurePolicy": "Fail", "timeoutSeconds": 5,
+        "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps"]}],
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+    }  # fmt: skip
+    original = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+                "metadata": {"name": original_name}, "webhooks": [webhook_doc]}  # fmt: skip
+    control_plane.kubectl("apply", "-f", "-", input=json.dumps(original))  # the project, registered directly
+
+    config_dir = tmp_path / "config"
+    config_dir.mkdir()
+
+    def write_copy(mode: str) -> None:
+        copy_doc = copy.deepcopy(original)
+        copy_doc["metadata"] = {"name": original_name, "annotations": {
+            "webhook-gateway.io/backend-policy": json.dumps(
+                {"*": {"mode": mode, "caFrom": {"validatingWebhookConfiguration": {"name": original_name}}}})}}  # fmt: skip
+        (config_dir / "copy.yaml").write_text(yaml.safe_dump(copy_doc))
+
+    write_copy("Shadow")
+    gateway_tls = TLSFiles(tmp_path / "gateway-tls")
+    gateway = start_gateway_process(
+        tmp_path / "gateway", config_dir, gateway_tls,
+        "--namespace-source", "cluster", "--kubeconfig", str(control_plane.kubeconfig), "--config-poll-seconds", "0.2",
+    )  # fmt: skip
+    registration = tmp_path / "registration.yaml"
+    registration.write_text(
+        subprocess.run(
+            [sys.executable, "-m", "gateway", "registration", "--config", str(config_dir), "--name", f"gw-{run}",
+             "--url", gateway.url, "--ca-bundle", str(gateway_tls.ca_path)],
+            capture_output=True, text=True, check=True, timeout=60, cwd=REPO,
+        ).stdout
+    )  # fmt: skip
+    control_plane.kubectl("apply", "-f", str(registration))
+    created = 0
+
+    def denied_by() -> str:
+        """Create a ConfigMap: it must be denied; the webhook the apiserver names."""
+        nonlocal created
+        created += 1
+        body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"cm-{created}"}}
+        proc = control_plane.kubectl(
+            "-n", namespace, "create", "-f", "-", input=json.dumps(body), check=False
+        )
+        assert proc.returncode != 0, "a review was admitted: no webhook decided it"
+        assert "refused by the backend" in proc.stderr, proc.stderr
+        return proc.stderr.split('admission webhook "', 1)[1].split('"', 1)[0]
+
+    def reloaded(mode: str) -> None:
+        before = sum(1 for e in gateway.log_events() if e.get("event") == "configuration loaded")
+        write_copy(mode)
+        _wait_for(
+            lambda: sum(1 for e in gateway.log_events() if e.get("event") == "configuration loaded") > before,
+            "the gateway to reload its configuration",
+        )
+
+    park = {
+        "webhooks": [
+            {
+                "name": webhook,
+                "matchConditions": [{"name": "webhook-gateway.io/parked", "expression": "false"}],
+            }
+        ]
+    }
+    unpark = {
+        "webhooks": [
+            {"name": webhook, "matchConditions": [{"name": "webhook-gateway.io/parked", "$patch": "delete"}]}
+        ]
+    }
+    vwc = ("validatingwebhookconfiguration", original_name)
+    try:
+        # 1-3: the copy in Shadow: the original decides (the gateway's shadow call never changes the answer)
+        assert denied_by() == webhook
+        # 4: enforce: both decide the same way; the apiserver reports the first that denied
+        reloaded("Enforce")
+        assert denied_by() in (webhook, "validate.webhook-gateway.io-fail", "validate.webhook-gateway.io")
+        # 5: park the original: the gateway alone decides
+        control_plane.kubectl("patch", *vwc, "--type", "strategic", "-p", json.dumps(park))
+        assert denied_by().startswith("validate.webhook-gateway.io")
+        # the parked original still holds the CA the gateway reads (its owner keeps it there)
+        # rollback: unpark first, then the copy back to Shadow
+        control_plane.kubectl("patch", *vwc, "--type", "strategic", "-p", json.dumps(unpark))
+        denied_by()
+        reloaded("Shadow")
+        assert denied_by() == webhook
+    finally:
+        control_plane.kubectl(
+            "delete", "--wait=false", "--ignore-not-found", "-f", str(registration), check=False
+        )
+        control_plane.kubectl("delete", *vwc, "--ignore-not-found", "--wait=false", check=False)
+        control_plane.api("DELETE", f"/api/v1/namespaces/{namespace}")
+        gateway.stop()
+        backends.stop()
