@@ -16,6 +16,7 @@ import trio
 from gateway.cli import parse
 from gateway.observability import Observability
 from gateway.observability.metrics import Metrics
+from gateway.server.extensions import disconnect_signal
 from gateway.server.serve import Running, serve
 from tests.support.gateway import hook, review, write_config
 
@@ -55,6 +56,9 @@ class RecordingApp:
     def __init__(self) -> None:
         self.scopes: list[Any] = []
         self.messages: list[list[Any]] = []
+        # Per request, its disconnect signal's ``disconnected`` once its body was read (the signal
+        # itself turns true when the stream closes after the reply).
+        self.disconnected: list[bool] = []
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -72,6 +76,8 @@ class RecordingApp:
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
+        signal = disconnect_signal(scope)
+        self.disconnected.append(bool(signal is not None and signal.disconnected))
         path = scope["path"]
         if path == "/early":
             return

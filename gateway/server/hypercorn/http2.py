@@ -85,9 +85,18 @@ class GuardedH2Protocol(H2Protocol):
     async def _handle_events(self, events: list[h2.events.Event]) -> None:
         for event in events:
             if isinstance(event, h2.events.DataReceived) and event.stream_id not in self.streams:
-                # Crash fix: the stream was closed by an earlier event of this batch.
+                # Crash fix: the stream was closed by an earlier event of this batch (or refused).
                 with contextlib.suppress(h2.exceptions.ProtocolError, h2.exceptions.StreamClosedError):
                     self.connection.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                continue
+            if isinstance(event, h2.events.RequestReceived) and _lower_case_method(event.headers):
+                # The HTTP/1.1 rule (http11_fast.framing_error): methods are case-sensitive, and
+                # hypercorn would upper-case this one. Refused with 400 without starting the app.
+                self.connection.send_headers(
+                    event.stream_id,
+                    [(b":status", b"400"), (b"content-length", b"0"), *self.config.response_headers("h2")],
+                    end_stream=True,
+                )
                 continue
             await super()._handle_events([event])
 
@@ -116,3 +125,10 @@ class GuardedH2Protocol(H2Protocol):
             await super()._create_stream(request)
         finally:
             self.task_group = group
+
+
+def _lower_case_method(headers: list[tuple[bytes, bytes]]) -> bool:
+    for name, value in headers:
+        if name == b":method":
+            return value != value.upper()
+    return False
