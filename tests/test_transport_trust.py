@@ -166,3 +166,49 @@ async def test_serve_follows_a_ca_file_and_keeps_the_last_good_one(nursery: trio
         running.shutdown()
     (refused,) = [e for e in logs if e["event"] == "backend CA refused; the last good one stays in force"]
     assert refused["reason"] == f"file {ca_file}: no PEM certificate"
+
+
+async def test_readiness_waits_for_the_references_at_start_up_only(nursery: trio.Nursery, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """At start-up the gateway is not ready until every reference was read (an API server it cannot
+    reach keeps it unready); a reference added later by a reload that cannot be read does not take a
+    running gateway out of its Service (which would fail every review of the cluster): only its own
+    backends' calls fail, saying why."""
+    from gateway.config.load import load_documents
+    from gateway.sources.ca import CaSources
+    from gateway.sources.kube import KubeClient, KubeConfig
+    from gateway.sources.reflector import Backoff
+    from tests.configs.builders import config, hook
+    from tests.support.controlplane import free_port
+
+    def snapshot(policy: str) -> object:
+        doc = config(hook("a.b.c"))
+        doc["metadata"]["annotations"] = {"webhook-gateway.io/backend-policy": policy}
+        return load_documents([("a.yaml", doc)])
+
+    ca_file = tmp_path / "ca.pem"
+    ca_file.write_bytes(trustme.CA().cert_pem.bytes())
+    unreachable = KubeClient(KubeConfig(server=f"http://127.0.0.1:{free_port()}", ssl_context=None))
+    updates: list[tuple[str, str]] = []
+
+    def sources() -> CaSources:
+        return CaSources(
+            TrustStore(), unreachable, on_update=lambda r, result, _d: updates.append((r.describe(), result)),
+            file_interval=0.05, backoff=lambda: Backoff(initial=0.01, maximum=0.05),
+        )  # fmt: skip
+
+    starting = sources()
+    starting.watch_snapshot(snapshot('"*": {caFrom: {secret: {namespace: a, name: b}}}'))  # type: ignore[arg-type]
+    await nursery.start(starting.run)
+    await trio.sleep(0.3)  # several failed lists (connection refused), none succeeds
+    assert not starting.synced
+    assert not starting.ready, "not ready before the gateway knows its backends' CA"
+
+    running = sources()
+    running.watch_snapshot(snapshot(f'"*": {{caFrom: {{file: {ca_file}}}}}'))  # type: ignore[arg-type]
+    await nursery.start(running.run)
+    assert running.ready
+    assert ("file " + str(ca_file), "changed") in updates
+    running.watch_snapshot(snapshot('"*": {caFrom: {secret: {namespace: a, name: b}}}'))  # type: ignore[arg-type]
+    await trio.sleep(0.3)
+    assert not running.synced
+    assert running.ready, "a reload's unreadable reference does not make a running gateway unready"

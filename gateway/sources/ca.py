@@ -11,10 +11,11 @@ bundle of each reference that names it (a Secret or ConfigMap key, a live webhoo
   the last good bundle stays in force, and the reason is reported (``on_update``: logged and counted).
 
 File references (``caFrom.file``) are read every ``file_interval`` seconds and on change the same way.
-A reference is *synced* once its object has been listed (or its file read) once, whatever it held:
-``ready`` is True when every reference of the current configuration is, so that a gateway does not
-report ready before it knows its backends' CAs. Only the Reflector's store holds the objects (the
-Secret's other keys included, as the API serves them); nothing here logs or repeats their data.
+A reference is *synced* once its object has been listed (or its file read) once, whatever it held.
+``ready`` is True once every reference of the configuration has been synced at start-up, so that a
+gateway does not report ready before it knows its backends' CAs; it stays True afterwards. Only the
+Reflector's store holds the objects (the Secret's other keys included, as the API serves them);
+nothing here logs or repeats their data.
 """
 
 from __future__ import annotations
@@ -122,11 +123,11 @@ class CaSources:
         self._nursery: trio.Nursery | None = None
         self._pending: list[WatchedObject] = []
         self._wake_files = trio.Event()
+        self._started = False
 
     def __repr__(self) -> str:
-        return (
-            f"<CaSources references={len(self._references)} watches={len(self._watches)} ready={self.ready}>"
-        )
+        watches = len(self._watches)
+        return f"<CaSources references={len(self._references)} watches={watches} synced={self.synced}>"
 
     @property
     def watched(self) -> tuple[WatchedObject, ...]:
@@ -134,11 +135,21 @@ class CaSources:
         return tuple(sorted(self._watches))
 
     @property
-    def ready(self) -> bool:
+    def synced(self) -> bool:
         """Every reference of the configuration in force has been read once (its value may be bad)."""
         watched = all(reflector.ready for reflector, _ in self._watches.values()) and not self._pending
         files = {r.path for r in self._references if r.source == "file"}
         return watched and files <= self._files_read
+
+    @property
+    def ready(self) -> bool:
+        """``synced`` until it first holds, then True for good: readiness waits for the references
+        at start-up only. A reference added by a later reload that cannot be read (no RBAC yet) must
+        not take every replica out of its Service, which would fail every review of the cluster under
+        the gateway's own failurePolicy: it fails only its backends' calls, each saying why."""
+        if not self._started:
+            self._started = self.synced
+        return self._started
 
     # --- what to watch ------------------------------------------------------------------------------
 
