@@ -211,7 +211,7 @@ def phase(
         yield Phase(mode, control_plane, namespace, gateway)
     finally:
         control_plane.kubectl("delete", "--wait=false", "-f", str(workdir / "registration.yaml"), check=False)
-        control_plane.api("DELETE", f"/api/v1/namespaces/{namespace}")
+        control_plane.delete_namespace(namespace)
         if gateway is not None:
             gateway.stop()
 

@@ -72,12 +72,12 @@ def free_port() -> int:
         return port
 
 
-def _stop(proc: subprocess.Popen[bytes] | None) -> None:
-    """End one process by its PID: SIGTERM, then SIGKILL if it does not exit in time."""
+def _stop(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM) -> None:
+    """End one process by its PID: ``sig``, then SIGKILL if it does not exit in time."""
     if proc is None or proc.poll() is not None:
         return
     with contextlib.suppress(ProcessLookupError):
-        os.kill(proc.pid, signal.SIGTERM)
+        os.kill(proc.pid, sig)
     try:
         proc.wait(STOP_TIMEOUT)
     except subprocess.TimeoutExpired:
@@ -203,6 +203,15 @@ class ControlPlane:
         assert status == 201, body
         return name
 
+    def delete_namespace(self, name: str) -> None:
+        """Delete a namespace and finalize it, as the namespace controller (not running here) would
+        once the namespace is empty: without that it stays Terminating for ever."""
+        self.api("DELETE", f"/api/v1/namespaces/{name}")
+        status, current = self.api("GET", f"/api/v1/namespaces/{name}")
+        if status == 200:
+            current["spec"]["finalizers"] = []
+            self.api("PUT", f"/api/v1/namespaces/{name}/finalize", current)
+
     # --- etcd ----------------------------------------------------------------------------------
 
     def etcd_call(self, method: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -269,11 +278,19 @@ class ControlPlane:
             "kube-apiserver",
         )
 
-    def restart_apiserver(self) -> None:
-        """Stop and start kube-apiserver on the same port and etcd: every watch breaks, and the new
-        instance's watch cache starts at etcd's current revision (as after an apiserver upgrade)."""
-        _stop(self.apiserver)
-        self.start_apiserver()
+    def restart_apiserver(self, *extra_args: str) -> None:
+        """Kill kube-apiserver and start it again on the same port and etcd (with ``extra_args`` this
+        time): every watch breaks, and the new instance's watch cache starts at etcd's current
+        revision, so a watch from an older resourceVersion gets 410 (as after an apiserver upgrade).
+        SIGKILL, as a crash: on SIGTERM the apiserver waits more than 10 s for open watches."""
+        _stop(self.apiserver, signal.SIGKILL)
+        self.apiserver = None
+        base = self.apiserver_args
+        self.apiserver_args = [*base, *extra_args]
+        try:
+            self.start_apiserver()
+        finally:
+            self.apiserver_args = base
 
     def stop(self) -> None:
         _stop(self.apiserver)
@@ -440,7 +457,7 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
 
 @pytest.fixture
 def kube_namespace(control_plane: ControlPlane) -> Iterator[str]:
-    """A fresh namespace in the shared plane, deleted after the test (without waiting)."""
+    """A fresh namespace in the shared plane, deleted (and finalized) after the test."""
     name = control_plane.create_namespace()
     yield name
-    control_plane.api("DELETE", f"/api/v1/namespaces/{name}")
+    control_plane.delete_namespace(name)
