@@ -18,9 +18,9 @@ of one service, ...) the way client-go's reflector and informer store do:
 The consumer declares what it keeps: ``item_type`` is a ``msgspec.Struct`` with a ``metadata`` field
 (``ObjectMeta``, or any struct with ``name``/``namespace``/``resource_version``) and only the fields
 it needs, so the store holds no more than that per object. ``on_change`` receives each batch of
-changes as a tuple of ``Change``: one per watch event, or, after a (re-)list, the difference
+changes as a tuple of ``Change``: one per watch event, or, after every (re-)list, the difference
 between the old store and the new list (so a consumer sees deletions that happened while it was
-not watching). It runs in the reflector's task and must not block.
+not watching; an empty tuple when nothing differs). It runs in the reflector's task and must not block.
 
 Interface (what a new watch needs, e.g. Secrets or webhook configurations)::
 
@@ -270,8 +270,7 @@ class Reflector(Generic[T]):
         self.lists += 1
         self._synced.set()
         self._on_event("list")
-        if changes:
-            self._on_change(tuple(changes))
+        self._on_change(tuple(changes))  # also when empty: the consumer learns it is in sync
 
     async def _watch(self) -> int:
         """Watch from ``resource_version`` until the server ends it; the number of events seen."""
