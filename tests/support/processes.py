@@ -150,7 +150,13 @@ class GatewayProcess:
 
 
 def start_gateway_process(
-    workdir: Path, config: Path, tls: TLSFiles, *args: str, port: int | None = None, wait_ready: bool = True
+    workdir: Path,
+    config: Path,
+    tls: TLSFiles,
+    *args: str,
+    port: int | None = None,
+    wait_ready: bool = True,
+    env: dict[str, str] | None = None,
 ) -> GatewayProcess:
     """Start the gateway (``--drain-seconds 0``, JSON logs) and wait until ``/readyz`` answers 200."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -165,7 +171,7 @@ def start_gateway_process(
         "--log-format", "json",
         *args,
     ]  # fmt: skip
-    proc = _spawn(argv, log)
+    proc = _spawn(argv, log, {**os.environ, **(env or {})})
     gateway = GatewayProcess(proc, f"https://127.0.0.1:{port}", tls, log, argv)
     if wait_ready:
         _wait_serving(proc, f"{gateway.url}/readyz", tls.client_context(), log, "webhook-gateway")
