@@ -142,6 +142,26 @@ async def test_namespace_relabel_delete_and_recreate(
     await trio.to_thread.run_sync(control_plane.delete_namespace, name)
 
 
+async def test_a_broken_watch_resumes_from_its_resource_version_without_a_relist(
+    control_plane: ControlPlane, nursery: trio.Nursery
+) -> None:
+    """GW-01: a connection cut mid-watch is resumed where it stopped: what changed meanwhile arrives
+    as watch events, and nothing is listed again."""
+    await trio.to_thread.run_sync(lambda: control_plane.create_namespace("followed"))
+    try:
+        source, seen, proxy = await _following(control_plane, nursery)
+        await _relabel(control_plane, "1")
+        await _until(lambda: _label(source) == "1")
+        proxy.partition()
+        await _relabel(control_plane, "2")  # missed by the cut watch
+        proxy.heal()
+        await _until(lambda: _label(source) == "2")
+        assert (source.lists, seen.events.count("expired")) == (1, 0)
+        assert "error" in seen.events
+    finally:
+        await trio.to_thread.run_sync(control_plane.delete_namespace, "followed")
+
+
 # --- expiry: a plane of its own, restarted ------------------------------------------------------------
 
 
