@@ -72,7 +72,9 @@ def stop_process(proc: subprocess.Popen[bytes], *, sig: int = signal.SIGTERM, ti
     return proc.returncode
 
 
-def _spawn(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def _spawn(
+    argv: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         return subprocess.Popen(
             argv,
@@ -80,6 +82,7 @@ def _spawn(argv: list[str], log: Path, env: dict[str, str] | None = None) -> sub
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=env,
+            cwd=cwd,
             start_new_session=True,
         )
 
@@ -157,8 +160,11 @@ def start_gateway_process(
     port: int | None = None,
     wait_ready: bool = True,
     env: dict[str, str] | None = None,
+    tree: Path | None = None,
 ) -> GatewayProcess:
-    """Start the gateway (``--drain-seconds 0``, JSON logs) and wait until ``/readyz`` answers 200."""
+    """Start the gateway (``--drain-seconds 0``, JSON logs) and wait until ``/readyz`` answers 200.
+
+    ``tree``: run the gateway package of that checkout (another version, for before/after numbers)."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     log = workdir / f"gateway-{port}.log"
@@ -171,7 +177,10 @@ def start_gateway_process(
         "--log-format", "json",
         *args,
     ]  # fmt: skip
-    proc = _spawn(argv, log, {**os.environ, **(env or {})})
+    environ = {**os.environ, **(env or {})}
+    if tree is not None:
+        environ["PYTHONPATH"] = str(tree)
+    proc = _spawn(argv, log, environ, cwd=tree)
     gateway = GatewayProcess(proc, f"https://127.0.0.1:{port}", tls, log, argv)
     if wait_ready:
         _wait_serving(proc, f"{gateway.url}/readyz", tls.client_context(), log, "webhook-gateway")
