@@ -16,8 +16,8 @@ import pytest
 import trio
 
 from gateway.sources import fsevents
-from gateway.sources.configdir import ConfigStore, watch_config_dir
-from tests.test_sources_configdir import Reloads, tiny_load, write_configmap
+from gateway.sources.configdir import ConfigStore
+from tests.test_sources_configdir import Reloads, _start, write_configmap
 
 HOUR = 3600.0
 
@@ -25,14 +25,7 @@ HOUR = 3600.0
 async def _watching(
     nursery: trio.Nursery, directory: Path, interval: float = HOUR
 ) -> tuple[ConfigStore, Reloads]:
-    store = ConfigStore(tiny_load(directory, 0))
-    reloads = Reloads()
-    await nursery.start(
-        lambda task_status: watch_config_dir(
-            directory, store, tiny_load, interval=interval, on_reload=reloads, task_status=task_status
-        )
-    )
-    return store, reloads
+    return await _start(nursery, directory, interval=interval)
 
 
 def _rewrite(d: Path) -> None:

@@ -72,21 +72,25 @@ def free_port() -> int:
         return port
 
 
-def _stop(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM) -> None:
-    """End one process by its PID: ``sig``, then SIGKILL if it does not exit in time."""
-    if proc is None or proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(proc.pid, sig)
-    try:
-        proc.wait(STOP_TIMEOUT)
-    except subprocess.TimeoutExpired:
+def stop_process(
+    proc: subprocess.Popen[bytes] | None, *, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT
+) -> int | None:
+    """End one process by its PID: ``sig``, then SIGKILL if it does not exit in time; its exit code."""
+    if proc is None:
+        return None
+    if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(STOP_TIMEOUT)
+            os.kill(proc.pid, sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout)
+    return proc.returncode
 
 
-def _tail(path: Path, lines: int = 15) -> str:
+def log_tail(path: Path, lines: int = 15) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
@@ -240,7 +244,7 @@ class ControlPlane:
 
     def start_etcd(self) -> None:
         client, peer = self.etcd_url, f"http://127.0.0.1:{free_port()}"
-        self.etcd = _spawn(
+        self.etcd = spawn(
             [
                 str(self.assets / "etcd"),
                 "--name",
@@ -264,17 +268,17 @@ class ControlPlane:
             self.workdir / "etcd.log",
         )
         _wait_ready(
-            self.etcd, self.workdir / "etcd.log", lambda: _get(f"{client}/health", None) == 200, "etcd"
+            self.etcd, self.workdir / "etcd.log", lambda: http_status(f"{client}/health", None) == 200, "etcd"
         )
 
     def start_apiserver(self) -> None:
-        self.apiserver = _spawn(
+        self.apiserver = spawn(
             [str(self.assets / "kube-apiserver"), *self.apiserver_args], self.workdir / "apiserver.log"
         )
         _wait_ready(
             self.apiserver,
             self.workdir / "apiserver.log",
-            lambda: _get(f"{self.url}/readyz", self._ssl, self.token) == 200,
+            lambda: http_status(f"{self.url}/readyz", self._ssl, self.token) == 200,
             "kube-apiserver",
         )
 
@@ -283,7 +287,7 @@ class ControlPlane:
         time): every watch breaks, and the new instance's watch cache starts at etcd's current
         revision, so a watch from an older resourceVersion gets 410 (as after an apiserver upgrade).
         SIGKILL, as a crash: on SIGTERM the apiserver waits more than 10 s for open watches."""
-        _stop(self.apiserver, signal.SIGKILL)
+        stop_process(self.apiserver, sig=signal.SIGKILL)
         self.apiserver = None
         base = self.apiserver_args
         self.apiserver_args = [*base, *extra_args]
@@ -293,19 +297,23 @@ class ControlPlane:
             self.apiserver_args = base
 
     def stop(self) -> None:
-        _stop(self.apiserver)
-        _stop(self.etcd)
+        stop_process(self.apiserver)
+        stop_process(self.etcd)
 
 
-def _spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+def spawn(
+    argv: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """Start a process with its output appended to ``log``, in a session of its own (a Ctrl-C at the
+    terminal reaches pytest, which then stops it by PID)."""
     with log.open("ab") as out:
-        # A session of its own: a Ctrl-C at the terminal reaches pytest, which then stops us by PID.
         return subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
-        )
+            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=env, cwd=cwd, start_new_session=True,
+        )  # fmt: skip
 
 
-def _get(url: str, context: ssl.SSLContext | None, token: str | None = None) -> int:
+def http_status(url: str, context: ssl.SSLContext | None, token: str | None = None) -> int:
     req = urllib.request.Request(url)
     if token:
         req.add_header("Authorization", f"Bearer {token}")
@@ -322,9 +330,11 @@ def _wait_ready(proc: subprocess.Popen[bytes], log: Path, ready: Callable[[], bo
     deadline = time.monotonic() + START_TIMEOUT
     while not ready():
         if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode} while starting; {log}:\n{_tail(log)}")
+            raise RuntimeError(
+                f"{what} exited with {proc.returncode} while starting; {log}:\n{log_tail(log)}"
+            )
         if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} not ready within {START_TIMEOUT} s; {log}:\n{_tail(log)}")
+            raise RuntimeError(f"{what} not ready within {START_TIMEOUT} s; {log}:\n{log_tail(log)}")
         time.sleep(0.1)
 
 
