@@ -189,7 +189,7 @@ class Bed:
         )  # fmt: skip
 
     def gateway_registration(self, config: Path, gateway: GatewayProcess) -> str:
-        return subprocess.run(
+        return subprocess.run(  # noqa: S603 - this interpreter, our own arguments
             [
                 sys.executable, "-m", "gateway", "registration", "--config", str(config), "--name", "gateway",
                 "--url", gateway.url, "--ca-bundle", str(self.tls.ca_path),
@@ -232,10 +232,9 @@ class Phase:
         p50, p99 = _percentile(ms, 50), _percentile(ms, 99)
         n = len(self.latencies) + self.errors
         gateway = "—" if self.gateway_cpu is None else f"{self.gateway_cpu / n * 1e3:.2f}"
-        return (
-            f"| {self.mode} | {self.backends} | {self.rate:g}/s | {n} | {self.errors} | {p50:.1f} | {p99:.1f} "
-            f"| {self.apiserver_cpu / n * 1e3:.2f} | {gateway} |"
-        )
+        apiserver = f"{self.apiserver_cpu / n * 1e3:.2f}"
+        cells = [self.mode, self.backends, f"{self.rate:g}/s", n, self.errors, f"{p50:.1f}", f"{p99:.1f}"]
+        return "| " + " | ".join(str(c) for c in [*cells, apiserver, gateway]) + " |"
 
 
 def _percentile(sorted_values: list[float], p: float) -> float:
@@ -270,7 +269,7 @@ async def open_loop(client: APIClient, rate: float, seconds: float) -> tuple[lis
     return latencies, errors
 
 
-def measure(bed: Bed, mode: str, count: int, rate: float, seconds: float, warmup: float) -> Phase:
+def measure(bed: Bed, mode: str, count: int, *, rate: float, seconds: float, warmup: float) -> Phase:
     config_doc = backend_config(bed.backends, count)
     gateway = None
     if mode == "direct":
@@ -312,7 +311,9 @@ def run_latency(args: argparse.Namespace) -> None:
         for repeat in range(args.repeats):
             for count in args.backends:
                 for mode in ("direct", "gateway"):
-                    phase = measure(bed, mode, count, args.rate, args.duration, args.warmup)
+                    phase = measure(
+                        bed, mode, count, rate=args.rate, seconds=args.duration, warmup=args.warmup
+                    )
                     print(
                         phase.row() + (f" <!-- repeat {repeat + 1} -->" if args.repeats > 1 else ""),
                         flush=True,
@@ -367,10 +368,8 @@ def run_reload(args: argparse.Namespace) -> None:
         for mode in args.modes:
             delays = reload_delays(bed, mode, args.changes)
             finite = [d for d in delays if math.isfinite(d)]
-            print(
-                f"| {mode} | {len(delays)} | {statistics.median(delays):.3f} | {min(finite):.3f} | {max(delays):.3f} |",
-                flush=True,
-            )
+            cells = [f"{statistics.median(delays):.3f}", f"{min(finite):.3f}", f"{max(delays):.3f}"]
+            print(f"| {mode} | {len(delays)} | " + " | ".join(cells) + " |", flush=True)
     finally:
         bed.stop()
 
@@ -437,7 +436,9 @@ def _machine() -> str:
                 break
     except OSError:
         pass
-    return f"<!-- {platform.node()}: {cpu}, {os.cpu_count()} CPUs, Python {platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M')} -->"
+    when = time.strftime("%Y-%m-%d %H:%M")
+    python = platform.python_version()
+    return f"<!-- {platform.node()}: {cpu}, {os.cpu_count()} CPUs, Python {python}, {when} -->"
 
 
 def main(argv: list[str] | None = None) -> None:
