@@ -200,10 +200,6 @@ async def _run_in(scope: trio.CancelScope, reflector: Reflector[_EndpointSlice])
         await reflector.run()
 
 
-def _label(key: ServiceKey) -> str:
-    return f"{key[0]}/{key[1]}:{key[2]}"
-
-
 def referenced_services(snapshot: Snapshot) -> frozenset[ServiceKey]:
     """The ``(namespace, name, port)`` of every ``clientConfig.service`` of a configuration, the
     conversion backends of its CRDs included."""
