@@ -6,14 +6,17 @@ returns a ``ControlPlane`` once ``/readyz`` answers 200; ``stop()`` ends both pr
 Fixtures, shared by every test that uses them (a plane takes ~320 MB and 3-5 s of CPU to start):
 
 - ``control_plane`` (session scope): the one plane most tests share; isolate by namespace.
-- ``kube_namespace`` (function scope): a fresh namespace in it, deleted afterwards.
+- ``kube_namespace`` (function scope): a fresh namespace in it, deleted (and finalized) afterwards.
+- ``control_plane_running(workdir, extra_apiserver_args=...)``: a plane of a module's own, for tests
+  that restart or reconfigure it (tests/test_kube_reflector.py).
 
 What a test gets (``ControlPlane``): ``url`` (``https://127.0.0.1:PORT``), ``token`` (an admin in
 ``system:masters``), ``ca_pem``/``ca_path`` (the serving CA), ``kubeconfig`` (a file for kubectl and for
 ``webhook-gateway --kubeconfig``), ``kubectl(*args)``, ``api(method, path, body)`` (a plain HTTPS
 call with the token), ``audit`` (the apiserver's audit log: events with their admission annotations),
-``etcd_url``, ``compact()`` (compacts etcd at its current revision, through etcd's own HTTP API),
-``restart_apiserver()``.
+``create_namespace()``/``delete_namespace()``, ``etcd_url``, ``compact()`` (compacts etcd at its
+current revision through etcd's own JSON gateway, as the apiserver's compactor does every
+``--etcd-compaction-interval``), ``restart_apiserver(*extra_args)``.
 
 Without ``KUBEBUILDER_ASSETS`` every test using these fixtures skips with one line saying how to get
 the binaries (``tests/support/tools.py``); CI sets it and turns that skip into a failure.
