@@ -212,3 +212,28 @@ async def test_readiness_waits_for_the_references_at_start_up_only(nursery: trio
     await trio.sleep(0.3)
     assert not running.synced
     assert running.ready, "a reload's unreadable reference does not make a running gateway unready"
+
+
+def test_expiry_gauges_are_not_added_up_over_workers() -> None:
+    """With --workers, /metrics merges every worker's values: an expiry timestamp is the earliest any
+    worker reports, never their sum (which would put every expiry decades away and silence the alerts)."""
+    from gateway.observability.metrics import Metrics
+    from gateway.server.workers import capture, merge
+
+    workers = []
+    for not_after in (1_900_000_000.0, 1_800_000_000.0):
+        metrics = Metrics()
+        metrics.serving_certificate_loaded(not_after)
+        metrics.backend_certificate_seen("policy.team-a.svc", not_after)
+        metrics.backend_ca_expiry.labels(
+            "a.b.c", "validating", "caBundle", "CN=ca sha256:00"
+        ).value = not_after
+        workers.append(capture(metrics))
+    merged = Metrics()
+    merge(merged, workers)
+    assert merged.serving_certificate_expiry.labels().value == 1_800_000_000.0
+    assert merged.backend_certificate_expiry.labels("policy.team-a.svc").value == 1_800_000_000.0
+    assert (
+        merged.backend_ca_expiry.labels("a.b.c", "validating", "caBundle", "CN=ca sha256:00").value
+        == 1_800_000_000.0
+    )

@@ -97,6 +97,10 @@ GAUGE_MERGE: Final[Mapping[str, Callable[[Sequence[float]], float]]] = {
     PREFIX + "backends": max,
     PREFIX + "config_generation": max,
     PREFIX + "config_last_reload_successful": min,
+    # expiry timestamps: every worker reports the same certificates; the earliest is the one that matters
+    PREFIX + "serving_certificate_expiry_timestamp_seconds": min,
+    PREFIX + "backend_ca_expiry_timestamp_seconds": min,
+    PREFIX + "backend_certificate_expiry_timestamp_seconds": min,
 }
 # Gauges that describe a live process: a dead worker's last values are dropped, not kept.
 LIVE_GAUGES: Final = frozenset({PREFIX + "reviews_in_flight"})
