@@ -509,3 +509,34 @@ def test_serve_without_cluster_access_refuses_a_reference_to_a_cluster_object(tm
         "cert-manager/cert-manager-webhook-ca[ca.crt] is read from the cluster, but the gateway runs without "
         "cluster access (--namespace-source config): use caFrom.file, or --namespace-source cluster"
     ) in (got.stdout + got.stderr).replace('\\"', '"')
+
+
+SELF_POINTING = [
+    pytest.param({"service": {"namespace": "gw-system", "name": "gw", "path": "/validate"}}, None,
+                 "webhooks[1].clientConfig.service", id="issue 34 §4: a backend that is the gateway's Service (registration --namespace/--service)"),
+    pytest.param({"url": "https://gw.gw-system.svc/validate"}, None,
+                 "webhooks[1].clientConfig.url", id="issue 34 §4: a backend URL naming the gateway's Service"),
+    pytest.param({"url": "https://10.0.0.7:8443/validate"}, "https://10.0.0.7:8443",
+                 "webhooks[1].clientConfig.url", id="issue 34 §4: a backend at the URL registration --url registers"),
+    pytest.param({"url": "https://10.0.0.7:9443/validate"}, "https://10.0.0.7:8443", None,
+                 id="another port of the same host is another server"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("client_config", "url", "path"), SELF_POINTING)
+def test_registration_would_point_the_gateway_at_itself(
+    client_config: dict[str, Any], url: str | None, path: str | None
+) -> None:
+    from gateway.config.migration import GatewayService, self_pointing_backends
+
+    snapshot = load(config(hook("ok.b.c"), hook("self.b.c", clientConfig=client_config), kind=VALIDATING))
+    problems = self_pointing_backends(snapshot, GatewayService("gw-system", "gw"), url=url)
+    if path is None:
+        assert problems == []
+        return
+    (problem,) = problems
+    assert str(problem) == (
+        f't.yaml: ValidatingWebhookConfiguration "team-a" {path}: this backend is the gateway itself: registering '
+        "the gateway for it would make the gateway call itself for every review it matches until the caller's "
+        "timeout; no registration printed"
+    )

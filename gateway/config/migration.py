@@ -20,11 +20,15 @@ Pure; ``gateway.registration`` names its webhooks and label from here, so the tw
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 from urllib.parse import urlsplit
 
 from gateway.config import types
 from gateway.config.fielderrors import FieldError, child, forbidden, index, key
+from gateway.errors import ConfigProblem
+
+if TYPE_CHECKING:
+    from gateway.config.model import ClientConfig, Snapshot
 
 VALIDATING_WEBHOOK_NAME: Final = "validate.webhook-gateway.io"
 MUTATING_WEBHOOK_NAME: Final = "mutate.webhook-gateway.io"
@@ -133,3 +137,53 @@ def parked_warnings(config: types.WebhookConfiguration) -> list[FieldError]:
                     )
                 )
     return found
+
+
+def _same_url_origin(url: str, gateway_url: str) -> bool:
+    try:
+        a, b = urlsplit(url), urlsplit(gateway_url)
+        return (a.hostname or "").lower() == (b.hostname or "").lower() and (a.port or 443) == (b.port or 443)
+    except ValueError:
+        return False
+
+
+def self_pointing_backends(
+    snapshot: Snapshot, gateway: GatewayService, *, url: str | None = None
+) -> list[ConfigProblem]:
+    """For ``registration``: every backend (admission or conversion) that the registration would make
+    the gateway call itself for — its Service (``gateway``) or, with ``registration --url``, that
+    URL's host and port. Each names file, object and field, one line."""
+    entries: list[tuple[str, str, str, str, ClientConfig]] = []
+    for hook in (*snapshot.validating, *snapshot.mutating):
+        kind = (
+            "ValidatingWebhookConfiguration" if hook.kind == "validating" else "MutatingWebhookConfiguration"
+        )
+        position = snapshot.configurations[(hook.kind, hook.configuration)].index(hook)
+        path = f"webhooks[{position}].clientConfig"
+        entries.append((hook.source, kind, hook.configuration, path, hook.client_config))
+    for name, entry in snapshot.conversions.items():
+        path = "spec.conversion.webhook.clientConfig"
+        entries.append((entry.source, "CustomResourceDefinition", name, path, entry.client_config))
+    problems = []
+    for source, kind, name, path, cc in entries:
+        service = cc.service
+        if service is not None and (service.namespace, service.name) == (gateway.namespace, gateway.name):
+            where = f"{path}.service"
+        elif cc.url and (
+            (urlsplit(cc.url).hostname or "").rstrip(".").lower() in gateway.hosts()
+            or (url is not None and _same_url_origin(cc.url, url))
+        ):
+            where = f"{path}.url"
+        else:
+            continue
+        problems.append(
+            ConfigProblem(
+                source,
+                "this backend is the gateway itself: registering the gateway for it would make the gateway "
+                "call itself for every review it matches until the caller's timeout; no registration printed",
+                kind,
+                name,
+                where,
+            )
+        )
+    return problems
