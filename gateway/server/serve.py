@@ -24,11 +24,11 @@ import structlog
 import trio
 from hypercorn.config import Config as HypercornConfig
 
-from gateway.config.load import load_directory
+from gateway.config.load import load_config
 from gateway.config.model import Snapshot
 from gateway.dispatch.engine import Dispatcher, DispatchSettings
 from gateway.dispatch.ports import NamespaceNotFoundError
-from gateway.errors import ConfigError, ConfigProblem, ListenError
+from gateway.errors import ConfigError, ListenError
 from gateway.server import hypercorn_fixes
 from gateway.server.app import GatewayApp, Readiness, ServerSettings
 from gateway.server.limits import (
@@ -157,13 +157,10 @@ async def serve(
     strict = bool(options.strict_https)
     nofile = raise_nofile_limit()  # as Go programs do: the hard limit is what the operator allows
 
-    def load(generation: int) -> Snapshot:
-        snapshot = load_directory(options.config, strict_https=strict, generation=generation)
-        if not options.allow_empty_config and not (
-            snapshot.validating or snapshot.mutating or snapshot.conversions
-        ):
-            raise ConfigError([empty_config_problem(options.config)])
-        return snapshot
+    def load(generation: int) -> Snapshot:  # start-up and every reload: what `check` runs too
+        return load_config(
+            options.config, strict_https=strict, allow_empty=options.allow_empty_config, generation=generation
+        )
 
     baseline = fingerprint(Path(options.config))  # taken first, so no change before the watch is missed
     if observer is None:
@@ -346,15 +343,6 @@ async def serve(
             servers.cancel_scope.deadline = hard_deadline
         nursery.cancel_scope.cancel()  # watchers, namespace source, pool readers
     log.info("stopped")
-
-
-def empty_config_problem(directory: str) -> ConfigProblem:
-    """A configuration without webhooks would allow every review: refused unless asked for (B8)."""
-    return ConfigProblem(
-        directory,
-        "no webhook configurations: refusing a configuration that would allow every review "
-        "(start with --allow-empty-config if that is intended)",
-    )
 
 
 _LISTEN_ERRORS = (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL)
