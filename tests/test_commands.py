@@ -74,10 +74,71 @@ def test_every_serve_option_is_a_settings_field() -> None:
     assert parse([], "x").options == ServeSettings()  # the parser's defaults are the settings' defaults
 
 
-def test_environment_variables_still_set_options() -> None:
+def test_environment_variables_still_set_options(tmp_path: Path) -> None:
     """WEBHOOK_GATEWAY_<OPTION> sets an option; the command line wins."""
-    got = run_cli("check", "--warnings-as-errors", env={"WEBHOOK_GATEWAY_IGNORE_WARNING": "unknown-field"})
+    write_config(tmp_path, validating={"ok": [hook("a.example.com", "https://x.example.com/v", timeoutSecond=5)]})
+    env = {"WEBHOOK_GATEWAY_CHECK_IGNORE_WARNING": "unknown-field", "WEBHOOK_GATEWAY_CONFIG": str(tmp_path)}
+    got = run_cli("check", "--warnings-as-errors", env=env)
     assert got.returncode == 0, got.stderr
+    assert run_cli("check", "--warnings-as-errors", "--ignore-warning", "other", env=env).returncode == 1
+
+
+def _variables() -> dict[str, set[tuple[str, str]]]:
+    """Every variable any command reads: its (command, option) pairs."""
+    import argparse
+
+    from gateway.cli import _command
+    from gateway.commands.options import env_name
+
+    found: dict[str, set[tuple[str, str]]] = {}
+    for command in COMMANDS:
+        prog = "webhook-gateway" if command == "serve" else f"webhook-gateway {command}"
+        for action in _command(command).build_parser(prog)._actions:
+            flags = [f for f in action.option_strings if f.startswith("--")]
+            if isinstance(action, argparse._HelpAction) or not flags:
+                continue
+            flag = flags[0]
+            if "[env: " not in (action.help or ""):
+                continue
+            name = env_name(flag, command)
+            assert f"[env: {name}]" in (action.help or ""), (command, flag)
+            found.setdefault(name, set()).add((command, flag))
+    return found
+
+
+# A variable more than one command reads means the same thing in each (issue 33 §7).
+SAME_MEANING = {
+    "WEBHOOK_GATEWAY_CONFIG": "the gateway's configuration (directory or file)",
+    "WEBHOOK_GATEWAY_ALLOW_EMPTY_CONFIG": "accept a configuration without webhooks",
+    "WEBHOOK_GATEWAY_STRICT_HTTPS": "refuse http:// backend URLs",
+    "WEBHOOK_GATEWAY_UNKNOWN_NAMESPACE": "a namespace without a Namespace object: 404 or no labels",
+    "WEBHOOK_GATEWAY_BACKEND_KUBECONFIG": "per-host backend credentials",
+    "WEBHOOK_GATEWAY_KUBECONFIG": "the cluster's kubeconfig",
+    "WEBHOOK_GATEWAY_DEADLINE_MARGIN": "the gateway's answer margin",
+    "WEBHOOK_GATEWAY_VALIDATE_PATH": "the gateway's validating path",
+    "WEBHOOK_GATEWAY_MUTATE_PATH": "the gateway's mutating path",
+    "WEBHOOK_GATEWAY_REGISTRATION_NAMESPACE": "the gateway's own namespace (serve --registration-namespace, "
+    "registration --namespace)",
+    "WEBHOOK_GATEWAY_REGISTRATION_SERVICE": "the gateway's Service",
+    "WEBHOOK_GATEWAY_REGISTRATION_CA_BUNDLE": "the CA bundle of the gateway's registrations",
+}
+
+
+def test_a_variable_means_one_thing() -> None:
+    """Variables read by several commands are exactly the shared ones; every other option of a subcommand
+    reads WEBHOOK_GATEWAY_<COMMAND>_<OPTION>, so `WEBHOOK_GATEWAY_NAMESPACE` cannot mean explain's object
+    namespace, audit's filter and registration's own namespace at once."""
+    shared = {name for name, users in _variables().items() if len(users) > 1}
+    assert shared <= set(SAME_MEANING), shared - set(SAME_MEANING)
+    assert "WEBHOOK_GATEWAY_NAMESPACE" not in _variables()
+    assert _variables()["WEBHOOK_GATEWAY_AUDIT_NAMESPACE"] == {("audit", "--namespace")}
+
+
+def test_an_exported_config_does_not_hijack_the_demo() -> None:
+    """demo's --config is a demo configuration: WEBHOOK_GATEWAY_CONFIG (the gateway's) leaves it alone."""
+    got = run_cli("demo", env={"WEBHOOK_GATEWAY_CONFIG": "/nonexistent/webhooks"})
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.count("ALLOWED") == 3 and "CONVERTED" in got.stdout
 
 
 def _listening_socket() -> socket.socket:
@@ -150,7 +211,7 @@ def test_ignore_warning_accepts_a_reviewed_warning(tmp_path: Path) -> None:
     )
     strict = run_cli("check", str(tmp_path), "--warnings-as-errors")
     assert strict.returncode == 1
-    assert "timeoutSecond: unknown field [unknown-field]" in strict.stderr
+    assert "timeoutSecond: unknown field; did you mean timeoutSeconds? [unknown-field]" in strict.stderr
     accepted = run_cli("check", str(tmp_path), "--warnings-as-errors", "--ignore-warning", "unknown-field")
     assert accepted.returncode == 0, accepted.stderr
     assert "0 warning(s) (1 ignored)" in accepted.stdout
@@ -388,3 +449,39 @@ async def test_unknown_namespace_denial_names_no_backend(nursery: trio.Nursery, 
     assert "denied_by" not in line
     assert "unknown" in line["reason"] and "no backend was called" in line["reason"]
     assert not server.calls
+
+
+# --- issue 33 §10: what check and the command line say --------------------------------------------
+
+
+def test_warnings_as_errors_never_says_ok(tmp_path: Path) -> None:
+    """Under --warnings-as-errors a warning fails the check, and the summary says FAILED, never OK."""
+    write_config(tmp_path, validating={"ok": [hook("a.example.com", "https://x.example.com/v", timeoutSecond=5)]})
+    got = run_cli("check", str(tmp_path), "--warnings-as-errors")
+    assert got.returncode == 1
+    assert "OK" not in got.stdout + got.stderr
+    assert "FAILED (--warnings-as-errors): 1 validating and 0 mutating webhooks" in got.stderr
+    assert run_cli("check", str(tmp_path)).stdout.count(": OK: ") == 1  # without the flag: OK, 1 warning
+
+
+def test_a_misspelt_selector_fails_check(tmp_path: Path) -> None:
+    """`namespaceSelectr` would silently widen the webhook to every namespace: check exits 1 naming the field."""
+    write_config(
+        tmp_path,
+        validating={"ok": [hook("a.example.com", "https://x.example.com/v", namespaceSelectr={"matchLabels": {"a": "b"}})]},
+    )
+    got = run_cli("check", str(tmp_path))
+    assert got.returncode == 1
+    assert "webhooks[0].namespaceSelectr: unknown field; did you mean namespaceSelector?" in got.stderr
+    assert "1 error(s); configuration refused" in got.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [pytest.param(["bogus"], id="an unknown command"), pytest.param(["bogus", "--help"], id="with more arguments")],
+)
+def test_an_unknown_command_names_the_commands(args: list[str]) -> None:
+    got = run_cli(*args)
+    assert got.returncode == 2
+    line = _one_line(got.stderr)
+    assert "unknown command 'bogus'" in line and all(c in line for c in COMMANDS)

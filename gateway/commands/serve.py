@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from gateway.commands.options import Parser, add_option, fail
+from gateway.commands.options import NO_CONFIG, Parser, add_option, fail
 from gateway.errors import leaves, startup_failure
 from gateway.settings import SERVE_DEFAULTS as D
 from gateway.settings import ServeSettings
@@ -24,7 +24,8 @@ def build_parser(prog: str, *, usage: str | None = None, epilog: str | None = No
     add_option(
         g,
         "--config",
-        help="directory of Validating/MutatingWebhookConfiguration and Namespace files",
+        help="directory or file of Validating/MutatingWebhookConfiguration, Namespace and "
+        "CustomResourceDefinition objects (required)",
         default=D.config,
     )
     add_option(g, "--bind", help="HOST:PORT to serve HTTP/1.1 and HTTP/2 on", default=D.bind)
@@ -303,6 +304,8 @@ def run(options: ServeSettings) -> int:
 
     if options.workers is not None and options.workers < 0:
         return fail(f"--workers: {options.workers} is not a number of processes (0: one per CPU)", 2)
+    if not options.config:
+        return fail(NO_CONFIG, 2)
     if (workers := worker_count(options)) > 1:
         from gateway.server.hypercorn_version import check_version
 
