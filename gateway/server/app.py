@@ -23,6 +23,7 @@ from gateway.dispatch.engine import Dispatcher, Verdict
 from gateway.dispatch.report import DispatchReport
 from gateway.errors import BadReview
 from gateway.matching import is_exempt, matching_error_status, not_ready_error
+from gateway.registration import HALVES, Half, half_of, half_path
 from gateway.review import InboundReview, decode_inbound, encode_reply, encode_status
 from gateway.server.hypercorn_fixes import RequestQueue
 from gateway.server.overload import OverloadGate
@@ -131,6 +132,9 @@ class GatewayApp:
         self.settings = settings or ServerSettings()
         self.overload = overload  # sheds reviews the gateway cannot start in time (None: never)
         self._endpoints = {self.settings.validate_path: "validating", self.settings.mutate_path: "mutating"}
+        # The validating backends of one failurePolicy only, for the -fail/-ignore registrations.
+        self._halves = {half_path(self.settings.validate_path, half): half for half, _ in HALVES}
+        self._endpoints.update(dict.fromkeys(self._halves, "validating"))
         self.in_flight = 0  # reviews being handled right now (graceful shutdown waits for zero)
         self._idle = trio.Event()
         self._idle.set()
@@ -163,7 +167,7 @@ class GatewayApp:
                     extra=[(b"allow", b"POST")],
                 )
                 return
-            await self._review(endpoint, scope, receive, send)
+            await self._review(endpoint, scope, receive, send, half=self._halves.get(path))
             return
         if method not in ("GET", "HEAD"):
             await _respond(send, 405 if path in ("/healthz", "/readyz", "/metrics") else 404, b"", _TEXT)
@@ -191,7 +195,9 @@ class GatewayApp:
         body, content_type = rendered
         await _respond(send, 200, body, [(b"content-type", content_type.encode())])
 
-    async def _review(self, endpoint: str, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _review(
+        self, endpoint: str, scope: Scope, receive: Receive, send: Send, *, half: Half | None = None
+    ) -> None:
         arrived = trio.current_time()
         traceparent = _header(scope, b"traceparent")
         start_review_trace(traceparent)  # backend calls carry child contexts of the caller's trace
@@ -218,7 +224,7 @@ class GatewayApp:
                 return
             deadline = arrived + self._budget(scope) - self.settings.deadline_margin_seconds
             with self.overload.review() if self.overload is not None else nullcontext():
-                verdict = await self._decide(endpoint, inbound, deadline, receive)
+                verdict = await self._decide(endpoint, inbound, deadline, receive, half)
             if verdict is None:  # the caller went away; nobody is listening
                 code, error = 499, "caller disconnected"
                 return
@@ -331,7 +337,12 @@ class GatewayApp:
                 return b"".join(chunks) if len(chunks) != 1 else chunks[0]
 
     async def _decide(
-        self, endpoint: str, inbound: InboundReview, deadline: float, receive: Receive
+        self,
+        endpoint: str,
+        inbound: InboundReview,
+        deadline: float,
+        receive: Receive,
+        half: Half | None = None,
     ) -> Verdict | None:
         """Run dispatch while watching for the caller going away (then cancel everything)."""
         queue = getattr(receive, "__self__", None)
@@ -343,7 +354,7 @@ class GatewayApp:
             with trio.CancelScope() as scope:
                 queue.on_disconnect = scope.cancel
                 try:
-                    return await self._decide_now(endpoint, inbound, deadline)
+                    return await self._decide_now(endpoint, inbound, deadline, half)
                 finally:
                     queue.on_disconnect = None
             return None
@@ -357,11 +368,13 @@ class GatewayApp:
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch_disconnect, nursery.cancel_scope)
-            result.append(await self._decide_now(endpoint, inbound, deadline))
+            result.append(await self._decide_now(endpoint, inbound, deadline, half))
             nursery.cancel_scope.cancel()
         return result[0] if result else None
 
-    async def _decide_now(self, endpoint: str, inbound: InboundReview, deadline: float) -> Verdict:
+    async def _decide_now(
+        self, endpoint: str, inbound: InboundReview, deadline: float, half: Half | None = None
+    ) -> Verdict:
         attrs = inbound.attributes
         report = DispatchReport(kind=endpoint, operation=attrs.operation)  # type: ignore[arg-type]
         if is_exempt(attrs, exclude_virtual_resources=self.dispatcher.settings.exclude_virtual_resources):
@@ -372,6 +385,8 @@ class GatewayApp:
             return Verdict(allowed=False, status=st, report=report)
         snapshot = self.snapshot()
         assert snapshot is not None  # ready implies a snapshot
+        if half is not None:
+            snapshot = half_of(snapshot, half)
         try:
             if endpoint == "validating":
                 return await self.dispatcher.validate(inbound, snapshot, deadline=deadline)
