@@ -65,15 +65,51 @@ def test_nothing_user_facing_points_outside_the_repository(needle: str) -> None:
     assert not offenders
 
 
+def options_table(command: str) -> str:
+    """The options table of ``command`` as docs/configuration.md shows it, rendered from its parser
+    (print them all with ``python -c "from tests.test_docs import print_tables; print_tables()"``)."""
+    prog = "webhook-gateway" if command == "serve" else f"webhook-gateway {command}"
+    parser = _command(command).build_parser(prog)
+    rows = ["| option | default | environment variable | meaning |", "| --- | --- | --- | --- |"]
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction | argparse._VersionAction):
+            continue
+        text = " ".join((action.help or "").split())
+        env = re.search(r" \[env: ([A-Z0-9_]+)\]$", text)
+        text = text[: env.start()] if env else text
+        shown = re.search(r" \(default: (.*)\)$", text)
+        text = text[: shown.start()] if shown else text
+        if action.option_strings:
+            name = ", ".join(f"`{f}`" for f in action.option_strings)
+        else:
+            name = f"`{action.metavar}` (positional)"
+        if shown:
+            default = shown.group(1)
+        elif isinstance(action, argparse._StoreTrueAction):
+            default = "off"
+        elif action.default not in (None, [], (), "") and action.option_strings:
+            default = str(action.default)
+        else:
+            default = "—"
+        meaning = text.replace("|", "\\|")
+        if action.choices:
+            meaning += " (" + " \\| ".join(f"`{c}`" for c in action.choices) + ")"
+        variable = f"`{env.group(1)}`" if env else "—"
+        rows.append(f"| {name} | {default} | {variable} | {meaning} |")
+    return "\n".join(rows)
+
+
+def print_tables() -> None:
+    for command in COMMANDS:
+        print(f"### `{command}`\n\n{options_table(command)}\n")
+
+
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_option_is_in_the_configuration_reference(command: str) -> None:
+    """docs/configuration.md shows each command's options exactly as its parser has them: flags,
+    defaults, variables (one meaning each) and choices."""
     reference = (REPO / "docs" / "configuration.md").read_text()
-    parser = _command(command).build_parser(f"webhook-gateway {command}")
-    for action in parser._actions:
-        if isinstance(action, argparse._HelpAction):
-            continue
-        for flag in action.option_strings:
-            assert f"`{flag}`" in reference, f"{command} {flag} is not in docs/configuration.md"
+    assert options_table(command) in reference, f"`{command}`'s options table differs from its parser:\n" + options_table(command)
 
 
 def test_readme_installs_what_ci_installs() -> None:
