@@ -76,7 +76,9 @@ def test_every_serve_option_is_a_settings_field() -> None:
 
 def test_environment_variables_still_set_options(tmp_path: Path) -> None:
     """WEBHOOK_GATEWAY_<OPTION> sets an option; the command line wins."""
-    write_config(tmp_path, validating={"ok": [hook("a.example.com", "https://x.example.com/v", timeoutSecond=5)]})
+    write_config(
+        tmp_path, validating={"ok": [hook("a.example.com", "https://x.example.com/v", timeoutSecond=5)]}
+    )
     env = {"WEBHOOK_GATEWAY_CHECK_IGNORE_WARNING": "unknown-field", "WEBHOOK_GATEWAY_CONFIG": str(tmp_path)}
     got = run_cli("check", "--warnings-as-errors", env=env)
     assert got.returncode == 0, got.stderr
@@ -175,7 +177,7 @@ def test_busy_port_is_one_line(tmp_path: Path, option: str) -> None:
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        pytest.param(["--certfile", "/nonexistent/tls.crt"], "No such file or directory", id="missing certificate"),
+        pytest.param(["--certfile", "/nonexistent/tls.crt"], "--certfile /nonexistent/tls.crt: no such file or directory", id="missing certificate"),
         pytest.param(["--backend-kubeconfig", "/nonexistent/kubeconfig"], "/nonexistent/kubeconfig", id="missing backend kubeconfig"),
         pytest.param(["--patch-mode", "merge"], "invalid choice: 'merge'", id="bad option value"),
     ],
@@ -456,7 +458,9 @@ async def test_unknown_namespace_denial_names_no_backend(nursery: trio.Nursery, 
 
 def test_warnings_as_errors_never_says_ok(tmp_path: Path) -> None:
     """Under --warnings-as-errors a warning fails the check, and the summary says FAILED, never OK."""
-    write_config(tmp_path, validating={"ok": [hook("a.example.com", "https://x.example.com/v", timeoutSecond=5)]})
+    write_config(
+        tmp_path, validating={"ok": [hook("a.example.com", "https://x.example.com/v", timeoutSecond=5)]}
+    )
     got = run_cli("check", str(tmp_path), "--warnings-as-errors")
     assert got.returncode == 1
     assert "OK" not in got.stdout + got.stderr
@@ -468,7 +472,11 @@ def test_a_misspelt_selector_fails_check(tmp_path: Path) -> None:
     """`namespaceSelectr` would silently widen the webhook to every namespace: check exits 1 naming the field."""
     write_config(
         tmp_path,
-        validating={"ok": [hook("a.example.com", "https://x.example.com/v", namespaceSelectr={"matchLabels": {"a": "b"}})]},
+        validating={
+            "ok": [
+                hook("a.example.com", "https://x.example.com/v", namespaceSelectr={"matchLabels": {"a": "b"}})
+            ]
+        },
     )
     got = run_cli("check", str(tmp_path))
     assert got.returncode == 1
@@ -478,10 +486,134 @@ def test_a_misspelt_selector_fails_check(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "args",
-    [pytest.param(["bogus"], id="an unknown command"), pytest.param(["bogus", "--help"], id="with more arguments")],
+    [
+        pytest.param(["bogus"], id="an unknown command"),
+        pytest.param(["bogus", "--help"], id="with more arguments"),
+    ],
 )
 def test_an_unknown_command_names_the_commands(args: list[str]) -> None:
     got = run_cli(*args)
     assert got.returncode == 2
     line = _one_line(got.stderr)
     assert "unknown command 'bogus'" in line and all(c in line for c in COMMANDS)
+
+
+# --- issue 33 §6: every broken TLS input names the file, the flag and the fix -----------------------
+
+
+def _tls_files(tmp_path: Path) -> dict[str, Path]:
+    import trustme
+    from cryptography.hazmat.primitives import serialization
+
+    ca = trustme.CA()
+    leaf = ca.issue_cert("webhook-gateway.webhook-gateway.svc")
+    other = ca.issue_cert("other.example.com")
+    files = {
+        "crt": leaf.cert_chain_pems[0].bytes(),
+        "key": leaf.private_key_pem.bytes(),
+        "other.key": other.private_key_pem.bytes(),
+        "both.pem": leaf.cert_chain_pems[0].bytes() + leaf.private_key_pem.bytes(),
+        "ca.crt": ca.cert_pem.bytes(),
+        "garbage": b"not a certificate\n",
+    }
+    key = serialization.load_pem_private_key(files["key"], password=None)
+    files["encrypted.key"] = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(b"secret"),
+    )
+    paths = {}
+    for name, data in files.items():
+        paths[name] = tmp_path / name
+        paths[name].write_bytes(data)
+    (tmp_path / "adir").mkdir()
+    paths["adir"] = tmp_path / "adir"
+    return paths
+
+
+BROKEN_TLS = [
+    pytest.param(["--certfile", "crt"], "--certfile {crt} holds no private key: pass the key file with --keyfile",
+                 id="forgot --keyfile (was: [SSL] PEM lib)"),
+    pytest.param(["--certfile", "crt", "--keyfile", "other.key"],
+                 "--keyfile {other.key} does not match --certfile {crt}: pass the private key of this certificate",
+                 id="the key of another certificate (was: KEY_VALUES_MISMATCH)"),
+    pytest.param(["--certfile", "/nonexistent/tls.crt", "--keyfile", "key"],
+                 "--certfile /nonexistent/tls.crt: no such file or directory; pass the serving certificate's PEM file",
+                 id="a missing certificate file names its flag (was: No such file or directory)"),
+    pytest.param(["--certfile", "crt", "--keyfile", "/nonexistent/tls.key"],
+                 "--keyfile /nonexistent/tls.key: no such file or directory; pass the serving private key's PEM file",
+                 id="a missing key file names its flag"),
+    pytest.param(["--certfile", "garbage", "--keyfile", "key"],
+                 "--certfile {garbage}: no PEM certificate in the file", id="a certificate file that is not PEM"),
+    pytest.param(["--certfile", "crt", "--keyfile", "garbage"],
+                 "--keyfile {garbage}: no PEM private key in the file", id="a key file that is not PEM"),
+    pytest.param(["--certfile", "crt", "--keyfile", "crt"],
+                 "--keyfile {crt}: no PEM private key in the file", id="the certificate given as the key"),
+    pytest.param(["--certfile", "crt", "--keyfile", "encrypted.key"],
+                 "--keyfile {encrypted.key}: the private key is encrypted; pass it unencrypted",
+                 id="an encrypted key fails at once instead of prompting for a password"),
+    pytest.param(["--keyfile", "key"], "--keyfile {key} given without --certfile", id="--keyfile alone"),
+    pytest.param(["--certfile", "adir", "--keyfile", "key"], "--certfile {adir}: is a directory",
+                 id="a directory instead of a file"),
+    pytest.param(["--certfile", "crt", "--keyfile", "key", "--client-ca", "/nonexistent/ca.crt"],
+                 "--client-ca /nonexistent/ca.crt: no such file or directory", id="a missing client CA"),
+    pytest.param(["--certfile", "crt", "--keyfile", "key", "--client-ca", "garbage"],
+                 "--client-ca {garbage}: no PEM certificate in the file", id="a client CA that is not PEM"),
+    pytest.param(["--client-ca", "ca.crt"], "--client-ca {ca.crt} needs TLS: pass --certfile and --keyfile",
+                 id="--client-ca without TLS"),
+]  # fmt: skip
+
+OTHER_STARTUP_FAILURES = [
+    pytest.param(["--backend-kubeconfig", "/nonexistent/kc"],
+                 "--backend-kubeconfig /nonexistent/kc: no such file or directory; pass the", id="backend credentials"),
+    pytest.param(["--namespace-source", "cluster", "--kubeconfig", "/nonexistent/kc"],
+                 "--kubeconfig /nonexistent/kc: no such file or directory; pass the", id="a missing kubeconfig"),
+    pytest.param(["--namespace-source", "cluster"],
+                 "--namespace-source cluster: not running in a cluster (no KUBERNETES_SERVICE_HOST): pass --kubeconfig",
+                 id="cluster mode outside a cluster"),
+    pytest.param(["--metrics-bind", "nonsense"], "--metrics-bind nonsense: expected HOST:PORT",
+                 id="an address without a port (was: a traceback)"),
+    pytest.param(["--config", "/nonexistent/config"],
+                 "/nonexistent/config: no such file or directory (expected a directory or file of webhook configurations)",
+                 id="a missing configuration"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "expected"), OTHER_STARTUP_FAILURES)
+def test_other_startup_failures_name_the_flag(tmp_path: Path, args: list[str], expected: str) -> None:
+    write_config(tmp_path / "cfg", validating=VALID)
+    env = {"KUBERNETES_SERVICE_HOST": ""} if "cluster" in args else None
+    got = run_cli(
+        "--config", str(tmp_path / "cfg"), "--bind", "127.0.0.1:0", "--workers", "1", *args, env=env
+    )
+    assert got.returncode in (1, 2) and "Traceback" not in got.stdout + got.stderr
+    assert expected in got.stdout + got.stderr
+
+
+@pytest.mark.parametrize(("args", "expected"), BROKEN_TLS)
+@pytest.mark.parametrize("workers", ["1", "2"], ids=["one process", "worker processes"])
+def test_broken_tls_inputs_name_the_file_the_flag_and_the_fix(
+    tmp_path: Path, args: list[str], expected: str, workers: str
+) -> None:
+    """Each broken TLS input ends start-up with one line naming the flag, the file and what to pass, exit 1."""
+    files = _tls_files(tmp_path)
+    write_config(tmp_path / "cfg", validating=VALID)
+    given = [str(files[a]) if a in files else a for a in args]
+    got = run_cli("--config", str(tmp_path / "cfg"), "--bind", "127.0.0.1:0", "--workers", workers, *given)
+    assert got.returncode == 1, got.stdout + got.stderr
+    line = _one_line(got.stderr)
+    assert line.startswith("webhook-gateway: error: ")
+    for name, path in files.items():
+        expected = expected.replace("{" + name + "}", str(path))
+    assert expected in line
+    assert "Traceback" not in got.stdout + got.stderr
+
+
+def test_a_good_tls_pair_in_one_file_starts(tmp_path: Path) -> None:
+    """The checks refuse nothing that serves: a PEM holding certificate and key, without --keyfile."""
+    from gateway.commands.serve import tls_problem
+
+    files = _tls_files(tmp_path)
+    assert tls_problem(ServeSettings(config="x", certfile=str(files["both.pem"]))) is None
+    assert tls_problem(ServeSettings(config="x", certfile=str(files["crt"]), keyfile=str(files["key"]),
+                                     client_ca=str(files["ca.crt"]))) is None  # fmt: skip

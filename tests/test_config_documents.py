@@ -369,8 +369,17 @@ GUARDING_TYPOS = [
         id="a misspelt matchLabels inside a selector empties it: refused",
     ),
     pytest.param(
-        {"rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
-                    "scoep": "Namespaced"}]},
+        {
+            "rules": [
+                {
+                    "operations": ["CREATE"],
+                    "apiGroups": [""],
+                    "apiVersions": ["v1"],
+                    "resources": ["pods"],
+                    "scoep": "Namespaced",
+                }
+            ]
+        },
         "webhooks[0].rules[0].scoep",
         "scope",
         id="a misspelt rule field (scope) widens the rule: refused",
@@ -379,7 +388,9 @@ GUARDING_TYPOS = [
 
 
 @pytest.mark.parametrize(("fields", "path", "meant"), GUARDING_TYPOS)
-def test_a_typo_of_a_selector_rule_or_policy_field_is_an_error(fields: dict[str, Any], path: str, meant: str) -> None:
+def test_a_typo_of_a_selector_rule_or_policy_field_is_an_error(
+    fields: dict[str, Any], path: str, meant: str
+) -> None:
     """An unknown field one edit away from a field that narrows a webhook or sets how it fails (and not
     also given) is an error naming the field it misspells; other unknown fields stay warnings."""
     with pytest.raises(ConfigError) as raised:

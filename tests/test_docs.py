@@ -109,7 +109,9 @@ def test_every_option_is_in_the_configuration_reference(command: str) -> None:
     """docs/configuration.md shows each command's options exactly as its parser has them: flags,
     defaults, variables (one meaning each) and choices."""
     reference = (REPO / "docs" / "configuration.md").read_text()
-    assert options_table(command) in reference, f"`{command}`'s options table differs from its parser:\n" + options_table(command)
+    assert options_table(command) in reference, (
+        f"`{command}`'s options table differs from its parser:\n" + options_table(command)
+    )
 
 
 def test_readme_installs_what_ci_installs() -> None:

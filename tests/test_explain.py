@@ -105,7 +105,10 @@ async def test_explain_orders_calls_and_shares_the_budget(tmp_path: Path) -> Non
     report = json.loads(out)
     rows = _rows(report)
     assert set(report["budgetSeconds"].values()) == {5.0}
-    assert report["verdict"]["outcome"] == "denied" and "side-effects.example.com" in report["verdict"]["message"]
+    assert (
+        report["verdict"]["outcome"] == "denied"
+        and "side-effects.example.com" in report["verdict"]["message"]
+    )
     assert [(rows[n]["order"], rows[n]["effectiveTimeoutSeconds"]) for n in ("first.example.com", "second.example.com")] == [
         ("1", 3.0), ("2", 2.0)
     ]  # fmt: skip

@@ -674,7 +674,9 @@ def test_validating_backends_split_by_failure_policy(
 
 
 MUTATING_POLICIES = [
-    pytest.param(["Ignore", "Ignore"], "Ignore", [], id="MUT: a chain of Ignore backends is registered Ignore"),
+    pytest.param(
+        ["Ignore", "Ignore"], "Ignore", [], id="MUT: a chain of Ignore backends is registered Ignore"
+    ),
     pytest.param(
         ["Fail", "Ignore", "Ignore"],
         "Fail",
@@ -794,8 +796,12 @@ def test_check_warns_where_a_registration_changes_failure_semantics(
 
 
 HALF_PATHS = [
-    pytest.param("/validate/fail", ["fail-closed.example.com"], id="/validate/fail runs only the Fail backends"),
-    pytest.param("/validate/ignore", ["fail-open.example.com"], id="/validate/ignore runs only the Ignore backends"),
+    pytest.param(
+        "/validate/fail", ["fail-closed.example.com"], id="/validate/fail runs only the Fail backends"
+    ),
+    pytest.param(
+        "/validate/ignore", ["fail-open.example.com"], id="/validate/ignore runs only the Ignore backends"
+    ),
     pytest.param(
         "/validate",
         ["fail-closed.example.com", "fail-open.example.com"],

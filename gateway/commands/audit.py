@@ -359,6 +359,7 @@ async def audit(options: AuditSettings) -> dict[str, Any]:
             routes = [r for r in routes if r.kind == "validating"]
             results: list[dict[str, str]] = []
             outcomes: list[str] = []
+            allowed = True
             for route in routes:
                 budget = options.timeout if options.timeout is not None else route.timeout_seconds
                 verdict = await whatif.run_review(
@@ -370,6 +371,7 @@ async def audit(options: AuditSettings) -> dict[str, Any]:
                     margin=options.deadline_margin,
                 )
                 outcomes.append(whatif.outcome_of(verdict))
+                allowed = allowed and verdict.allowed
                 results += results_of(verdict)
             if not routes:  # the apiserver never sends it: a skip for each backend whose rules match
                 why = "the apiserver never sends this review to the gateway: " + "; ".join(skipped)
@@ -382,6 +384,7 @@ async def audit(options: AuditSettings) -> dict[str, Any]:
                 "object": _object_ref(obj),
                 "sent": bool(routes),
                 "outcome": outcome if routes else "not sent",
+                "allowed": allowed,  # what the apiserver would do with the request
                 "results": results,
                 "timestamp": int(time.time()),
             }
