@@ -299,9 +299,7 @@ async def run_review(
     seconds: the same Dispatcher call and deadline as ``serve`` (its app: arrival + budget - margin)."""
     deadline = trio.current_time() + budget - margin
     target = snapshot if route.half is None else half_of(snapshot, route.half)
-    if route.kind == "mutating":
-        return await engine.mutate(review, target, deadline=deadline)
-    return await engine.validate(review, target, deadline=deadline)
+    return await engine.decide(route.kind, review, target, deadline=deadline)
 
 
 # --- what a verdict means to a CI gate ---------------------------------------------------------------
