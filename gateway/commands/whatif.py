@@ -155,7 +155,7 @@ class Registered:
     @classmethod
     def load(cls, docs: Sequence[Mapping[str, Any]], settings: Settings, source: str) -> Registered:
         """From registration documents (what ``registration`` prints, or a file)."""
-        webhooks = load_documents([(source, dict(d)) for d in docs])
+        webhooks = load_documents([(source, dict(d)) for d in docs], registration=True)
         routes: dict[str, Route] = {}
         unknown: list[str] = []
         for hook in (*webhooks.validating, *webhooks.mutating):

@@ -87,6 +87,7 @@ class _Loader:
 
     lax: bool
     strict_https: bool
+    registration: bool = False  # the gateway's own registration, not backends: its marks are expected
     problems: list[ConfigProblem] = field(default_factory=list)
     accepted: list[build.Accepted] = field(default_factory=list)
     namespaces: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -241,7 +242,8 @@ class _Loader:
         policy = parse_backend_policy(meta.annotations, [h.name or "" for h in config.webhooks or ()])
         failed += self.field_problems(doc, kind_name, name, policy.errors)
         self.field_problems(doc, kind_name, name, policy.warnings, severity="warning")
-        failed += self.field_problems(doc, kind_name, name, own_registration_errors(config))
+        if not self.registration:
+            failed += self.field_problems(doc, kind_name, name, own_registration_errors(config))
         self.field_problems(doc, kind_name, name, parked_warnings(config), severity="warning")
         for i, hook in enumerate(config.webhooks or ()):
             cc = hook.client_config
@@ -448,13 +450,15 @@ def load_documents(
     lax: bool = False,
     strict_https: bool = False,
     generation: int = 0,
+    registration: bool = False,
 ) -> model.Snapshot:
     """Load already-parsed objects, each ``(source label, object)``.
 
     ``lax=True`` is for objects read from a live cluster (CFG-24): the apiserver's update ratchets
-    are reported as warnings instead of errors.
+    are reported as warnings instead of errors. ``registration=True`` loads the gateway's own
+    registration (to match reviews against it as the apiserver does), which as backends is refused.
     """
-    loader = _Loader(lax=lax, strict_https=strict_https)
+    loader = _Loader(lax=lax, strict_https=strict_https, registration=registration)
     for label, body in docs:
         loader.add(_Document(label, "", body))
     return loader.snapshot(origin="<documents>", generation=generation)
