@@ -157,3 +157,60 @@ def test_every_relative_link_in_the_readme_and_docs_resolves() -> None:
         elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
             broken.append(f"{doc.relative_to(REPO)}: {target} (no such anchor)")
     assert broken == []
+
+
+@pytest.mark.parametrize("workers", ["1", "2"], ids=["one process", "worker processes"])
+def test_metrics_reference_covers_every_family_a_gateway_serves(tmp_path: Path, workers: str) -> None:
+    """Scrape a running gateway (one process, and with the --workers supervisor): every family it
+    serves is in docs/metrics.md with the same type and help text (process_* are named in the header)."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.support.gateway import hook, write_config
+
+    write_config(tmp_path, validating={"v": [hook("a.example.com", "https://backend.example.com/v")]})
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "--config", str(tmp_path), "--bind", "127.0.0.1:0",
+         "--metrics-bind", f"127.0.0.1:{port}", "--workers", workers, "--log-level", "error"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        text = ""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and "webhook_gateway_build_info" not in text:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as got:
+                    text = got.read().decode()
+            except OSError:
+                time.sleep(0.2)
+        assert "webhook_gateway_build_info" in text, process.stderr
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    reference = (REPO / "docs" / "metrics.md").read_text()
+    documented = {}
+    for row in re.findall(r"^\| `(\w+)` \| (\w+) \| .*? \| (.*) \|$", reference, re.M):
+        documented[row[0]] = (row[1], row[2])
+    served = {}
+    for family in text_string_to_metric_families(text):
+        if family.name.startswith(("process_", "python_")):
+            continue
+        name = family.name + (
+            "_total" if family.type == "counter" and family.name + "_total" in documented else ""
+        )
+        if family.type == "info":
+            name = family.name + "_info"
+        served[name] = family.type if family.type != "info" else "gauge"
+    missing = sorted(set(served) - set(documented))
+    assert missing == [], f"families served but not in docs/metrics.md: {missing}"
+    assert {n: t for n, t in served.items() if documented[n][0] != t} == {}
+    if workers == "2":
+        assert {"webhook_gateway_workers", "webhook_gateway_worker_restarts_total"} <= set(served)
