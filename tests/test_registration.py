@@ -446,7 +446,10 @@ def test_url_registers_client_config_url_instead_of_the_service(tmp_path: Path) 
     result = run_cli("registration", "--config", str(tmp_path), "--url", "https://127.0.0.1:8443/")
     assert result.returncode == 0, result.stderr
     configs = [d["webhooks"][0]["clientConfig"] for d in yaml.safe_load_all(result.stdout) if d]
-    assert configs == [{"url": "https://127.0.0.1:8443/validate/fail"}, {"url": "https://127.0.0.1:8443/mutate"}]
+    assert configs == [
+        {"url": "https://127.0.0.1:8443/validate/fail"},
+        {"url": "https://127.0.0.1:8443/mutate"},
+    ]
 
 
 def test_cli_refuses_a_bad_configuration(tmp_path: Path) -> None:
