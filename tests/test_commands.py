@@ -624,3 +624,50 @@ def test_a_good_tls_pair_in_one_file_starts(tmp_path: Path) -> None:
     assert tls_problem(ServeSettings(config="x", certfile=str(files["both.pem"]))) is None
     assert tls_problem(ServeSettings(config="x", certfile=str(files["crt"]), keyfile=str(files["key"]),
                                      client_ca=str(files["ca.crt"]))) is None  # fmt: skip
+
+
+# --- issue 33 §8: --config takes a directory or a file everywhere ------------------------------------
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        pytest.param(["check"], id="check"),
+        pytest.param(["registration"], id="registration (was: cannot read directory: Not a directory)"),
+        pytest.param(["explain", "{review}"], id="explain"),
+        pytest.param(["audit", "{objects}"], id="audit"),
+    ],
+)
+@pytest.mark.parametrize("given", ["directory", "file"])
+def test_config_is_a_directory_or_a_file_everywhere(tmp_path: Path, command: list[str], given: str) -> None:
+    path = write_config(tmp_path / "cfg", validating=VALID, namespaces={"shop": {}})
+    (tmp_path / "review.json").write_text(json.dumps(review()))
+    (tmp_path / "objects.yaml").write_text(json.dumps(review()["request"]["object"]))
+    args = [a.format(review=tmp_path / "review.json", objects=tmp_path / "objects.yaml") for a in command]
+    config = str(path if given == "file" else path.parent)
+    got = (
+        run_cli(*args, "--config", config, "--fail-on", "none")
+        if args[0] in ("explain", "audit")
+        else (run_cli(*args, "--config", config))
+    )
+    assert got.returncode == 0, got.stderr
+    assert "Not a directory" not in got.stderr
+
+
+async def test_serve_takes_a_configuration_file_and_reloads_it(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """serve --config FILE starts, and a change of that file is reloaded like a directory's."""
+    path = write_config(tmp_path, validating=VALID)
+    observer = Observability(metrics=True)
+    options = parse(["--config", str(path), "--bind", "127.0.0.1:0", "--drain-seconds", "0",
+                     "--config-poll-seconds", "0.05"]).options  # fmt: skip
+    running: Running = await nursery.start(
+        lambda task_status: serve(options, observer=observer, handle_signals=False, task_status=task_status)
+    )
+    first = running.app.snapshot()
+    assert first is not None and len(first.validating) == 1
+    write_config(
+        tmp_path, validating={"ok": [*VALID["ok"], hook("b.example.com", "https://y.example.com/v")]}
+    )
+    with trio.fail_after(10):
+        while (current := running.app.snapshot()) is None or len(current.validating) != 2:
+            await trio.sleep(0.05)

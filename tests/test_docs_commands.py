@@ -131,7 +131,15 @@ def _serves(command: str) -> bool:
     return len(words) > 1 and (words[1] == "serve" or words[1].startswith("--")) and "--config" in words
 
 
-COMMANDS = doc_commands()
+def hint_commands() -> list[tuple[str, str]]:
+    """The commands `webhook-gateway demo` prints as its closing hint."""
+    from gateway.demo import hint
+
+    return [("the demo's hint", line.strip()) for line in hint("samples").splitlines()
+            if line.strip().startswith("webhook-gateway ")]  # fmt: skip
+
+
+COMMANDS = doc_commands() + hint_commands()
 
 
 def test_the_docs_show_commands() -> None:

@@ -869,3 +869,23 @@ async def test_each_half_path_runs_only_its_backends(
     assert called[0] in response["status"]["message"]
     paths = {"/deny/403/closed": "fail-closed.example.com", "/deny/403/open": "fail-open.example.com"}
     assert sorted(paths[c.path.split("?")[0]] for c in server.calls) == called
+
+
+def test_check_registration_examples_are_real_requests(tmp_path: Path) -> None:
+    """Issue 33 §5: check --registration names request shapes that can happen — no placeholder version,
+    no namespaced resource called cluster-scoped, no resource in a group that does not serve it, nothing the
+    computed registration excludes on purpose — and says how to regenerate the file."""
+    empty = REPO / "deploy" / "registration" / "webhooks.yaml"  # registers nothing
+    gatekeeper = REPO / "tests" / "configs" / "thirdparty" / "gatekeeper.yaml"
+    result = run_cli("check", str(gatekeeper), "--registration", str(empty))
+    assert result.returncode == 0, result.stderr
+    findings = [line for line in result.stderr.splitlines() if line.endswith("[registration]")]
+    assert findings and all("stricter than the configuration needs" in f for f in findings)
+    text = "\n".join(findings)
+    for impossible in ("v0", "unlisted", "pods (cluster-scoped)", "certificatesigningrequests ", "leases",
+                       "nodes", "tokenreviews", "events"):  # fmt: skip
+        assert impossible not in text, impossible
+    assert "CREATE pods" in text
+    assert (
+        f"hint: regenerate it: webhook-gateway registration --config {gatekeeper} > {empty}" in result.stderr
+    )
