@@ -467,6 +467,7 @@ def explain(review_doc: dict[str, Any], options: ExplainSettings, inputs: Inputs
                 for r in routes
             ],
             "notSentBy": skipped,
+            "notServed": inputs.registered.unknown_paths,  # webhooks whose path the gateway does not serve
         },
         "budgetSeconds": budgets,
         "backends": rows,
@@ -580,6 +581,10 @@ def render_table(report: dict[str, Any]) -> str:
     else:
         lines.append(f"NOT SENT: the apiserver never sends this review to the gateway ({reg['source']}):")
         lines.extend(f"  {why}" for why in reg["notSentBy"])
+    for unknown in reg["notServed"]:
+        lines.append(
+            f"warning: the registration sends reviews to a path the gateway does not serve: {unknown}"
+        )
     budgets = ", ".join(f"{path} {b:g}s" for path, b in report["budgetSeconds"].items())
     if budgets:
         lines.append(f"budget: {budgets} (the apiserver's timeout minus the gateway's margin)")

@@ -32,7 +32,16 @@ from gateway.config.model import Snapshot, Webhook, WebhookKind
 from gateway.dispatch.engine import Dispatcher, DispatchSettings, Verdict
 from gateway.dispatch.jsonpatch import apply_patch, decode_patch
 from gateway.dispatch.ports import NamespaceNotFoundError
-from gateway.matching import Call, CallFailure, ConditionInputs, MatchDecision, Refuse, Skip, decide_all
+from gateway.matching import (
+    Call,
+    CallFailure,
+    ConditionInputs,
+    MatchDecision,
+    Refuse,
+    Skip,
+    decide_all,
+    is_exempt,
+)
 from gateway.matching.namespace import NamespaceNotFound, namespace_to_look_up
 from gateway.matching.rules import rule_matches
 from gateway.registration import HALVES, Half, Settings, compute, half_of, half_path, webhook_path
@@ -186,6 +195,8 @@ class Registered:
         of the kind's webhooks it skips, why. ``labels``: the namespace's labels as the apiserver knows
         them (it always sets kubernetes.io/metadata.name)."""
         attrs = review.attributes
+        if is_exempt(attrs):  # MAT-31/32: the apiserver never calls a webhook for these
+            return [], [f"the apiserver calls no webhook for {_resource_text(attrs)} (MAT-31/32)"]
         labels = {**labels, NAME_LABEL: attrs.namespace} if attrs.namespace else dict(labels)
         routes: list[Route] = []
         skipped: list[str] = []
