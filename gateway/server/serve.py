@@ -26,7 +26,7 @@ from gateway.config.load import load_config
 from gateway.config.model import Snapshot
 from gateway.dispatch.engine import Dispatcher, DispatchSettings
 from gateway.dispatch.ports import NamespaceNotFoundError
-from gateway.errors import ConfigError, ConfigProblem, ListenError
+from gateway.errors import ConfigError, ListenError
 from gateway.server.app import GatewayApp, Readiness, ServerSettings, request_path
 from gateway.server.hypercorn.config import GatewayConfig, server_config
 from gateway.server.hypercorn.listener import serve_inbound
