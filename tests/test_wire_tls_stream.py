@@ -9,9 +9,12 @@ waits for the peer and wakes a task blocked on the stream, and no descriptor lef
 
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
 import ssl
+import struct
+import termios
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
@@ -413,3 +416,95 @@ async def test_send_now_refuses_like_send_all(pair: Pair, state: str, error: typ
         with pytest.raises(error):
             pair.server.send_now(b"x")
         nursery.cancel_scope.cancel()
+
+
+async def test_two_tasks_needing_the_same_direction_wait_together_without_polling(
+    ca: trustme.CA, mock_clock: trio.testing.MockClock
+) -> None:
+    """An HTTP/2 connection's reader and writer both start before the handshake: both wait for the
+    peer's reply on the socket, where trio lets one task wait per direction. The second waits for
+    the first one's wake-up, not on a timer: under a clock that never moves, both still finish."""
+    server_ctx, client_ctx = _contexts(ca)
+    client_tcp, server_tcp = await tcp_pair()
+    client = TLSSocketStream(client_tcp, client_ctx, server_hostname="localhost")
+    server = TLSSocketStream(server_tcp, server_ctx, server_side=True)
+    got: list[bytes] = []
+
+    async def read_one() -> None:
+        got.append(await client.receive_some())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(read_one)
+        nursery.start_soon(client.send_all, b"ping")
+        await trio.testing.wait_all_tasks_blocked()  # both client tasks wait for the server
+        await server.do_handshake()
+        assert await _receive_exactly(server, 4) == b"ping"
+        await server.send_all(b"pong")
+    assert got == [b"pong"]
+    await client.aclose()
+    await server.aclose()
+
+
+# --- trio's own stream conformance checks ------------------------------------------------------------
+
+
+async def _conformance_pair(ca: trustme.CA) -> tuple[TLSSocketStream, TLSSocketStream]:
+    """A handshaken client/server pair that yields to the scheduler on every operation, as trio's
+    streams do (``schedule_every=1``); the gateway batches those yields (see ``_schedule_point``)."""
+    server_ctx, client_ctx = _contexts(ca)
+    client_tcp, server_tcp = await tcp_pair()
+    client = TLSSocketStream(client_tcp, client_ctx, server_hostname="localhost", schedule_every=1)
+    server = TLSSocketStream(server_tcp, server_ctx, server_side=True, schedule_every=1)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(server.do_handshake)
+        await client.do_handshake()
+    return client, server
+
+
+def _unsent(sock: socket.socket) -> int:
+    """Bytes in the socket's send queue (SIOCOUTQ): written, not yet acknowledged by the peer."""
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+
+
+async def _clogged_pair(ca: trustme.CA) -> tuple[TLSSocketStream, TLSSocketStream]:
+    """A pair neither side of which can send until the other reads: both directions are full
+    (trio checks the pair both ways round).
+
+    Each side writes whole 16 KiB records while its send buffer has room for two more (until the
+    peer's receive window is full and the buffer fills up behind it), then one-byte records until
+    both sockets take no more. OpenSSL keeps that last, unwritten record for a retry; it is one byte
+    long, so trio's clogged checks can call ``send_all`` with other bytes after it (what the
+    receiver would then see of them is not part of those checks: they never read them).
+    """
+    client, server = await _conformance_pair(ca)
+    record = b"x" * 16_384
+    for stream in (client, server):
+        sock = stream.socket
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 32_768)  # fixed, not autotuned
+        size = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+        with trio.fail_after(10):
+            while size - _unsent(sock) > 2 * len(record):
+                if stream.send_now(record) == 0:
+                    await trio.lowlevel.wait_writable(sock)  # (cannot happen with this much room)
+                    await stream.send_all(record)  # OpenSSL's retry: the same bytes
+                await trio.sleep(0)
+    # Filling one direction can let the other move a little (the kernel compacts a receive queue):
+    # top both up until two rounds in a row, 10 ms apart, find no room.
+    with trio.fail_after(10):
+        idle = 0
+        while idle < 2:
+            written = 0
+            for stream in (client, server):
+                while stream.send_now(b"x"):
+                    written += 1
+            idle = 0 if written else idle + 1
+            await trio.sleep(0.01)
+    return client, server
+
+
+async def test_the_tls_stream_passes_trios_two_way_stream_checks(ca: trustme.CA) -> None:
+    """trio.testing.check_two_way_stream over real loopback sockets, both directions, with and
+    without a clogged sender: checkpoints, argument checks, Busy/Closed/Broken errors, closing
+    that wakes blocked tasks, and 1 MiB each way at once in random chunks. (TLS here closes without
+    close_notify and has no half-close, so check_half_closeable_stream does not apply.)"""
+    await trio.testing.check_two_way_stream(lambda: _conformance_pair(ca), lambda: _clogged_pair(ca))
