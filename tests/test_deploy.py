@@ -490,6 +490,11 @@ def test_cert_manager_wiring() -> None:
         ]
         assert ca_cert[0]["spec"]["isCA"] is True
         assert "selfSigned" in issuers[ca_cert[0]["spec"]["issuerRef"]["name"]]["spec"]
+        # ECDSA P-256: the apiserver makes a full handshake per new connection (docs/performance.md)
+        for cert in (serving, ca_cert[0]):
+            key = cert["spec"]["privateKey"]
+            assert (key["algorithm"], key["size"]) == ("ECDSA", 256), cert["metadata"]["name"]
+        assert "key encipherment" not in serving["spec"]["usages"], "no RSA key exchange with an EC key"
     for doc in docs:
         if doc["apiVersion"].startswith("cert-manager.io/"):
             assert doc["apiVersion"] == "cert-manager.io/v1"
@@ -781,6 +786,49 @@ async def test_gen_certs(
     with pytest.raises(ssl.SSLCertVerificationError):
         await _handshake(cert, key, ca_bundle, "webhook-gateway.other.svc", tmp_path)
     assert oct((out / "certs" / "ca.key").stat().st_mode & 0o777) == "0o600"
+
+
+def _key_of(pem: bytes) -> tuple[str, int]:
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
+    key = x509.load_pem_x509_certificate(pem).public_key()
+    if isinstance(key, ec.EllipticCurvePublicKey):
+        return "ECDSA " + key.curve.name, key.key_size
+    assert isinstance(key, rsa.RSAPublicKey)
+    return "RSA", key.key_size
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        pytest.param([], ("ECDSA secp256r1", 256), id="ECDSA P-256 keys unless the operator asks otherwise"),
+        pytest.param(["-k", "rsa"], ("RSA", 2048), id="-k rsa: RSA 2048 keys"),
+    ],
+)
+async def test_gen_certs_key_type(tmp_path: Path, args: list[str], expected: tuple[str, int]) -> None:
+    """The serving certificate and a new CA have the key type asked for, and the apiserver's TLS
+    client accepts the pair."""
+    out = tmp_path / "deploy"
+    out.mkdir()
+    ca_bundle = base64.b64decode(_gen_certs(out, *args))
+    cert, key = ((out / "certs" / name).read_bytes() for name in ("tls.crt", "tls.key"))
+    assert _key_of(cert) == expected
+    assert _key_of((out / "certs" / "ca.crt").read_bytes()) == expected
+    await _handshake(cert, key, ca_bundle, "webhook-gateway.webhook-gateway.svc", tmp_path)
+
+
+def test_gen_certs_refuses_an_unknown_key_type(tmp_path: Path) -> None:
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gen-certs.sh"), "-o", str(tmp_path), "-k", "dsa"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "unknown key type: dsa (ecdsa or rsa)" in result.stderr
+    assert not (tmp_path / "certs").exists(), "nothing written"
 
 
 async def test_openssl_variant_trusts_its_secret(openssl_deploy: Path, tmp_path: Path) -> None:

@@ -503,7 +503,7 @@ class _MetricsOnly:
 def _conversion_service(caller: Any, options: ServeSettings, observer: Observability) -> Any:
     """CRD conversion (CNV-01..15) over the admission backends' transport, with the opt-in cache."""
     from gateway.conversion.cache import CacheSettings, ConversionCache
-    from gateway.conversion.convert import ConversionService, SharedTransport
+    from gateway.conversion.convert import ConversionService
 
     settings = CacheSettings(
         ttl_seconds=options.conversion_cache_ttl,
@@ -511,7 +511,7 @@ def _conversion_service(caller: Any, options: ServeSettings, observer: Observabi
         max_bytes=options.conversion_cache_max_bytes,
     )
     return ConversionService(
-        SharedTransport(caller),
+        caller,
         cache=ConversionCache(settings, trio.current_time),
         on_finished=observer.conversion_finished,
     )

@@ -297,9 +297,10 @@ def _label(key: ServiceKey) -> str:
 
 
 def referenced_services(snapshot: Snapshot) -> frozenset[ServiceKey]:
-    """The ``(namespace, name, port)`` of every ``clientConfig.service`` of a configuration."""
-    return frozenset(
-        (s.namespace, s.name, s.port)
-        for hook in (*snapshot.validating, *snapshot.mutating)
-        if (s := hook.client_config.service) is not None
+    """The ``(namespace, name, port)`` of every ``clientConfig.service`` of a configuration, the
+    conversion backends of its CRDs included."""
+    client_configs = (
+        *(hook.client_config for hook in (*snapshot.validating, *snapshot.mutating)),
+        *(entry.client_config for entry in snapshot.conversions.values()),
     )
+    return frozenset((s.namespace, s.name, s.port) for c in client_configs if (s := c.service) is not None)

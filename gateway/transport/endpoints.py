@@ -22,7 +22,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Final, Protocol
+from functools import partial
+from typing import Final, Protocol, TypedDict, Unpack
 
 from gateway.transport.resolve import Target
 
@@ -134,21 +135,22 @@ class EndpointPicker:
 ServiceKey = tuple[str, str, int]  # (namespace, name, service port)
 
 
-class EndpointRouter:
-    """Pickers per service; ``route`` a resolved service ``Target`` to one of its pods."""
+class PickerSettings(TypedDict, total=False):
+    """How every service's picker chooses and ejects (``EndpointPicker``'s keywords)."""
 
-    def __init__(
-        self,
-        clock: Clock,
-        *,
-        rng: random.Random | None = None,
-        eject_after: int = DEFAULT_EJECT_AFTER,
-        eject_seconds: float = DEFAULT_EJECT_SECONDS,
-    ) -> None:
-        self._clock = clock
-        self._rng = rng or random.Random()  # noqa: S311 - load balancing, not security
-        self._eject_after = eject_after
-        self._eject_seconds = eject_seconds
+    rng: random.Random | None
+    eject_after: int
+    eject_seconds: float
+
+
+class EndpointRouter:
+    """Pickers per service, all made with the same ``PickerSettings``; ``route`` a resolved service
+    ``Target`` to one of its pods."""
+
+    def __init__(self, clock: Clock, **settings: Unpack[PickerSettings]) -> None:
+        if settings.get("rng") is None:  # one generator for every picker
+            settings["rng"] = random.Random()  # noqa: S311 - load balancing, not security
+        self._new_picker = partial(EndpointPicker, clock, **settings)
         self.pickers: dict[ServiceKey, EndpointPicker] = {}
 
     def update(self, service: ServiceKey, endpoints: Iterable[EndpointInfo] | None) -> None:
@@ -159,9 +161,7 @@ class EndpointRouter:
             return
         picker = self.pickers.get(key)
         if picker is None:
-            picker = self.pickers[key] = EndpointPicker(
-                self._clock, rng=self._rng, eject_after=self._eject_after, eject_seconds=self._eject_seconds
-            )
+            picker = self.pickers[key] = self._new_picker()
         picker.update(endpoints)
 
     def route(self, service: ServiceKey, target: Target) -> Lease | None:
