@@ -27,7 +27,7 @@ from gateway.config.model import Snapshot
 from gateway.dispatch.engine import Dispatcher, DispatchSettings
 from gateway.dispatch.ports import NamespaceNotFoundError
 from gateway.errors import ConfigError, ConfigProblem, ListenError
-from gateway.server.app import GatewayApp, Readiness, ServerSettings
+from gateway.server.app import GatewayApp, Readiness, ServerSettings, request_path
 from gateway.server.hypercorn.config import GatewayConfig, server_config
 from gateway.server.hypercorn.listener import serve_inbound
 from gateway.server.hypercorn.version import check_versions
@@ -481,12 +481,13 @@ class _MetricsOnly:
         self.app = app
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"] == "/metrics" and scope["method"] in ("GET", "HEAD"):
+        path = request_path(scope) if scope["type"] == "http" else ""
+        if path == "/metrics" and scope["method"] in ("GET", "HEAD"):
             rendered = self.app.observer.metrics()
             if rendered is not None:
                 await self.app.respond_metrics(send, rendered)
                 return
-        if scope["type"] == "http" and scope["path"] not in ("/metrics", "/healthz", "/readyz"):
+        if scope["type"] == "http" and path not in ("/metrics", "/healthz", "/readyz"):
             body = b"not found\n"
             await send(
                 {
