@@ -9,12 +9,10 @@ waits for the peer and wakes a task blocked on the stream, and no descriptor lef
 
 from __future__ import annotations
 
-import fcntl
 import os
+import select
 import socket
 import ssl
-import struct
-import termios
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
@@ -461,44 +459,37 @@ async def _conformance_pair(ca: trustme.CA) -> tuple[TLSSocketStream, TLSSocketS
     return client, server
 
 
-def _unsent(sock: socket.socket) -> int:
-    """Bytes in the socket's send queue (SIOCOUTQ): written, not yet acknowledged by the peer."""
-    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
-
-
 async def _clogged_pair(ca: trustme.CA) -> tuple[TLSSocketStream, TLSSocketStream]:
     """A pair neither side of which can send until the other reads: both directions are full
     (trio checks the pair both ways round).
 
-    Each side writes whole 16 KiB records while its send buffer has room for two more (until the
-    peer's receive window is full and the buffer fills up behind it), then one-byte records until
-    both sockets take no more. OpenSSL keeps that last, unwritten record for a retry; it is one byte
-    long, so trio's clogged checks can call ``send_all`` with other bytes after it (what the
-    receiver would then see of them is not part of those checks: they never read them).
+    Over a Unix stream socket pair: what a writer queues there stays charged to its send buffer
+    until the reader takes it, so full means full until the peer reads. (Over TCP, delayed
+    acknowledgements and the kernel compacting a receive queue open room again at moments of their
+    own, and the clogged checks became flaky on a loaded machine.) Each side writes 16 KiB records
+    while poll() calls its socket writable, then one-byte records until the socket takes no more.
+    OpenSSL keeps that last, unwritten record for a retry; it is one byte long, so trio's clogged
+    checks can call ``send_all`` with other bytes after it (what the receiver would then see of
+    them is not part of those checks: they never read them).
     """
-    client, server = await _conformance_pair(ca)
+    server_ctx, client_ctx = _contexts(ca)
+    left, right = trio.socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    client = TLSSocketStream(
+        trio.SocketStream(left), client_ctx, server_hostname="localhost", schedule_every=1
+    )
+    server = TLSSocketStream(trio.SocketStream(right), server_ctx, server_side=True, schedule_every=1)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(server.do_handshake)
+        await client.do_handshake()
     record = b"x" * 16_384
     for stream in (client, server):
-        sock = stream.socket
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 32_768)  # fixed, not autotuned
-        size = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
-        with trio.fail_after(10):
-            while size - _unsent(sock) > 2 * len(record):
-                if stream.send_now(record) == 0:
-                    await trio.lowlevel.wait_writable(sock)  # (cannot happen with this much room)
-                    await stream.send_all(record)  # OpenSSL's retry: the same bytes
-                await trio.sleep(0)
-    # Filling one direction can let the other move a little (the kernel compacts a receive queue):
-    # top both up until two rounds in a row, 10 ms apart, find no room.
-    with trio.fail_after(10):
-        idle = 0
-        while idle < 2:
-            written = 0
-            for stream in (client, server):
-                while stream.send_now(b"x"):
-                    written += 1
-            idle = 0 if written else idle + 1
-            await trio.sleep(0.01)
+        stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65_536)
+        writable = select.poll()
+        writable.register(stream.socket, select.POLLOUT)
+        while writable.poll(0):  # at most a quarter of the buffer in use: a record fits
+            assert stream.send_now(record) == len(record)
+        while stream.send_now(b"x"):
+            pass
     return client, server
 
 
