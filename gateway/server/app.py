@@ -95,21 +95,41 @@ class Readiness:
     """Ready means: a configuration is loaded and the namespace source (if needed) has synced.
 
     ``draining`` flips /readyz to 503 at once on shutdown while reviews keep being served.
+    Whoever changes what a check reads (a source's first sync, a configuration reload) calls
+    ``changed``: reviews waiting for readiness (MAT-33) look again then, and only then.
     """
 
     def __init__(self) -> None:
         self.draining = False
         self._checks: list[Callable[[], bool]] = []
+        self._changed = trio.Event()
         # With --workers N: are the other worker processes ready too? Only /readyz asks (reviews
         # need this process to be ready, nothing more).
         self.peers: Callable[[], bool] | None = None
 
     def add_check(self, check: Callable[[], bool]) -> None:
         self._checks.append(check)
+        self.changed()
 
     @property
     def ready(self) -> bool:
         return all(check() for check in self._checks)
+
+    def changed(self) -> None:
+        """Something a check reads may have changed: wake everyone waiting in ``wait``."""
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait(self, until: float, *, also: Callable[[], bool] = lambda: True) -> bool:
+        """Wait until ready (and ``also()``), at most until trio time ``until``; whether it is.
+
+        Woken by ``changed``, not by polling: a review starts the moment the gateway is ready.
+        """
+        with trio.move_on_at(until):
+            while not (self.ready and also()):
+                await self._changed.wait()
+            return True
+        return False
 
 
 class GatewayApp:
@@ -408,15 +428,11 @@ class GatewayApp:
         return self.snapshot() if await self._wait_ready(deadline) else None
 
     async def _wait_ready(self, deadline: float) -> bool:
-        """MAT-33: wait (polling every 100 ms) up to min(10 s, budget) for readiness."""
+        """MAT-33: wait up to min(10 s, budget) for readiness (``Readiness.changed`` wakes it)."""
         if self.readiness.ready and self.snapshot() is not None:
             return True
         give_up = min(trio.current_time() + self.settings.readiness_wait_seconds, deadline)
-        while trio.current_time() < give_up:
-            await trio.sleep(min(0.1, max(0.0, give_up - trio.current_time())))
-            if self.readiness.ready and self.snapshot() is not None:
-                return True
-        return False
+        return await self.readiness.wait(give_up, also=lambda: self.snapshot() is not None)
 
 
 class _DisconnectedError(Exception):

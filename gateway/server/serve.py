@@ -158,6 +158,7 @@ async def serve(
         # MAT-33: ready once a configuration is loaded and, if any backend needs namespace labels,
         # the namespace source has synced.
         readiness.add_check(lambda: source.ready or not _needs_namespaces(store.snapshot))
+        nursery.start_soon(_when_synced, source, readiness)
         # Per-backend circuit breakers and bulkheads (webhook-gateway.io/backend-policy), kept across reloads.
         guards = BackendGuards(trio.current_time, on_transition=observer.circuit_changed)
         guards.reconcile((*first.validating, *first.mutating))
@@ -201,6 +202,7 @@ async def serve(
             if endpoint_slices is not None:
                 endpoint_slices.watch_snapshot(store.snapshot)
             guards.reconcile((*store.snapshot.validating, *store.snapshot.mutating))
+            readiness.changed()  # a configuration that needs no namespace labels may make it ready
 
         await nursery.start(
             partial(
@@ -384,6 +386,12 @@ async def _wait_for_signal(event: trio.Event) -> None:
         async for _ in signals:
             event.set()
             return
+
+
+async def _when_synced(source: Any, readiness: Readiness) -> None:
+    """Reviews waiting for readiness (MAT-33) look again once the namespace source has synced."""
+    await source.wait_synced()
+    readiness.changed()
 
 
 def _needs_namespaces(snapshot: Snapshot) -> bool:
