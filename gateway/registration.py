@@ -30,6 +30,12 @@ from urllib.parse import urlsplit
 import msgspec
 
 from gateway.admission import GroupVersionResource
+from gateway.config.migration import (
+    MUTATING_WEBHOOK_NAME,
+    NAME_LABEL,
+    NAME_LABEL_VALUE,
+    VALIDATING_WEBHOOK_NAME,
+)
 from gateway.config.model import FailurePolicy, Rule, Scope, Snapshot, Webhook, WebhookKind
 from gateway.matching.rules import CompiledRule
 
@@ -152,7 +158,7 @@ class Settings:
     # None: the gateway's own namespace and DEFAULT_SYSTEM_NAMESPACES
     excluded_namespaces: tuple[str, ...] | None = None
     excluded_resources: tuple[Exclusion, ...] = DEFAULT_EXCLUDED_RESOURCES
-    labels: Mapping[str, str] = field(default_factory=lambda: {"app.kubernetes.io/name": "webhook-gateway"})
+    labels: Mapping[str, str] = field(default_factory=lambda: {NAME_LABEL: NAME_LABEL_VALUE})
 
 
 def excluded_namespaces(settings: Settings) -> tuple[str, ...]:
@@ -455,7 +461,7 @@ def _validating(snapshot: Snapshot, settings: Settings, notes: list[str]) -> lis
             "validating",
             entries,
             settings,
-            name="validate.webhook-gateway.io",
+            name=VALIDATING_WEBHOOK_NAME,
             path=settings.validate_path,
             failure_policy=forced,
         )
@@ -466,7 +472,7 @@ def _validating(snapshot: Snapshot, settings: Settings, notes: list[str]) -> lis
             "validating",
             [(h, r) for h, r in entries if h.failure_policy == policy],
             settings,
-            name=f"validate.webhook-gateway.io-{half}",
+            name=f"{VALIDATING_WEBHOOK_NAME}-{half}",
             path=half_path(settings.validate_path, half),
             failure_policy=policy,
         )
@@ -508,7 +514,7 @@ def _mutating(snapshot: Snapshot, settings: Settings, notes: list[str]) -> list[
         "mutating",
         entries,
         settings,
-        name="mutate.webhook-gateway.io",
+        name=MUTATING_WEBHOOK_NAME,
         path=settings.mutate_path,
         failure_policy=policy,
     )

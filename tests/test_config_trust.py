@@ -540,3 +540,28 @@ def test_registration_would_point_the_gateway_at_itself(
         "the gateway for it would make the gateway call itself for every review it matches until the caller's "
         "timeout; no registration printed"
     )
+
+
+@pytest.mark.parametrize(
+    ("client_config", "args", "field"),
+    [
+        pytest.param({"service": {"namespace": "gw-system", "name": "gw", "path": "/validate"}},
+                     ["--namespace", "gw-system", "--service", "gw"], "webhooks[0].clientConfig.service",
+                     id="issue 34 §4: registration refuses to register the gateway for a backend that is its own Service"),
+        pytest.param({"url": "https://10.0.0.7:8443/validate"}, ["--url", "https://10.0.0.7:8443"],
+                     "webhooks[0].clientConfig.url",
+                     id="issue 34 §4: registration --url refuses a backend at that URL"),
+    ],
+)  # fmt: skip
+def test_registration_refuses_to_point_the_gateway_at_itself(
+    tmp_path: Path, client_config: dict[str, Any], args: list[str], field: str
+) -> None:
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(config(hook("self.b.c", clientConfig=client_config))))
+    run = run_cli("registration", "--config", str(tmp_path), *args)
+    assert run.returncode == 2
+    assert run.stdout == "", "no registration printed"
+    assert run.stderr.splitlines()[0] == (
+        f'error: {tmp_path / "a.yaml"}: MutatingWebhookConfiguration "team-a" {field}: this backend is the '
+        "gateway itself: registering the gateway for it would make the gateway call itself for every review it "
+        "matches until the caller's timeout; no registration printed"
+    )

@@ -125,3 +125,14 @@ def test_the_guide_names_each_projects_flags_reference_and_files(project: str) -
 
 def test_the_readme_links_the_guide() -> None:
     assert "](docs/migrating.md)" in (REPO / "README.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "project", PROJECTS, ids=lambda p: f"issue 34 §1: registration --rbac prints {p}'s rbac.yaml"
+)
+def test_registration_prints_the_rbac_for_exactly_the_references(project: str) -> None:
+    run = run_cli("registration", "--config", str(EXAMPLES / project), "--rbac")
+    assert run.returncode == 0, run.stderr
+    printed = [d for d in yaml.safe_load_all(run.stdout) if d]
+    shipped = [d for d in yaml.safe_load_all((EXAMPLES / project / "cluster" / "rbac.yaml").read_text()) if d]
+    assert printed == shipped

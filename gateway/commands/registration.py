@@ -20,7 +20,9 @@ from typing import Any
 import yaml
 
 from gateway.commands.options import NO_CONFIG, Parser, fail
+from gateway.config.migration import GatewayService, self_pointing_backends
 from gateway.config.model import Snapshot
+from gateway.config.trust import rbac_documents, watch_plan
 from gateway.registration import (
     DEFAULT_EXCLUDED_RESOURCES,
     DEFAULT_SYSTEM_NAMESPACES,
@@ -96,6 +98,18 @@ def build_parser(prog: str) -> Parser:
         help="exclude nothing by default (not even the gateway's own namespace): unsafe",
     )
     p.add_option("--output", choices=("yaml", "json"), default="yaml", help="output format")
+    p.add_option(
+        "--rbac",
+        action="store_true",
+        help="print instead the Roles and ClusterRole (with bindings) that let the gateway's service "
+        "account read exactly the objects the configuration's caFrom references name; apply them before "
+        "the configuration that needs them",
+    )
+    p.add_option(
+        "--service-account",
+        help="the gateway's service account, in --namespace (for --rbac)",
+        default="webhook-gateway",
+    )
     return p
 
 
@@ -110,11 +124,15 @@ class RegistrationRequest:
     output: str
     settings: Settings | None
     error: str = ""
+    rbac: bool = False
+    service_account: str = "webhook-gateway"
 
 
 def settings(options: Namespace) -> RegistrationRequest:
     try:
-        return RegistrationRequest(options.config, options.output, settings_from(options))
+        return RegistrationRequest(
+            options.config, options.output, settings_from(options), "", options.rbac, options.service_account
+        )
     except ValueError as exc:
         return RegistrationRequest(options.config, options.output, None, str(exc))
 
@@ -220,10 +238,37 @@ def run(request: RegistrationRequest) -> int:
             print(f"{problem.severity}: {problem}", file=sys.stderr)
         print(f"{request.config}: configuration refused; no registration printed", file=sys.stderr)
         return 2
+    if request.rbac:
+        return _print_rbac(snapshot, request)
+    # issue 34: never a registration that makes the gateway call itself
+    gateway = GatewayService(request.settings.namespace, request.settings.service)
+    if problems := self_pointing_backends(snapshot, gateway, url=request.settings.url or None):
+        for problem in problems:
+            print(f"error: {problem}", file=sys.stderr)
+        print(f"{request.config}: no registration printed", file=sys.stderr)
+        return 2
     registration = compute(snapshot, request.settings)
     for note in registration.notes:
         print(f"note: {note}", file=sys.stderr)
     sys.stdout.write(render(registration, request.settings, request.output))
+    return 0
+
+
+def _print_rbac(snapshot: Snapshot, request: RegistrationRequest) -> int:
+    """``--rbac``: exactly what the caFrom references need (``gateway.config.trust``)."""
+    assert request.settings is not None
+    docs = rbac_documents(
+        watch_plan(snapshot),
+        service_account=request.service_account,
+        service_account_namespace=request.settings.namespace,
+        labels=request.settings.labels,
+    )
+    if not docs:
+        print("note: no caFrom reference reads a cluster object: no RBAC needed", file=sys.stderr)
+    if request.output == "json":
+        sys.stdout.write(json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}, indent=2))
+    else:
+        sys.stdout.write("---\n".join(yaml.safe_dump(doc, sort_keys=False) for doc in docs))
     return 0
 
 
