@@ -195,6 +195,10 @@ class SharedCell(Generic[W]):
     def attached(self) -> bool:
         return self._table is not None
 
+    @property
+    def seq(self) -> int:
+        return self._seq
+
     def read(self) -> W:
         if _seq_at(self._map, self._offset)[0] == self._seq:
             return self._word  # nothing written since this worker last decoded it
@@ -223,6 +227,8 @@ class SharedCell(Generic[W]):
             word = table.try_load(self)
             if word is not None:
                 return word
+            if _seq_at(self._map, self._offset)[0] == self._seq + 1:
+                return self._word  # a write began after the last one this worker read: that is current
         with table.locked():  # a writer is at work (or died at it): wait for it, or repair
             return table.load_locked(self)
 
@@ -347,6 +353,8 @@ class SharedTable(Generic[W]):
 
     def load_locked(self, cell: SharedCell[W]) -> W:
         offset = cell.offset
+        if _seq_at(self.map, offset)[0] == cell.seq:
+            return cell.read()  # nothing written since this worker decoded it (and nobody writes now)
         self._repair_if_torn(offset)
         raw = self.map[offset : offset + self.record_size]
         return self._decode(cell, int.from_bytes(raw[:8], "little"), raw)
