@@ -35,6 +35,7 @@ class ConfigProblem:
     name: str = ""
     path: str = ""
     severity: Literal["error", "warning"] = "error"
+    code: str = ""  # a warning's code for `check`, where its producer gave it one
 
     def __str__(self) -> str:
         where = self.file

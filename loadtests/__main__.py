@@ -12,6 +12,7 @@ import trio
 
 from loadtests.runner import Options, run
 from loadtests.scenarios import SCENARIOS, build
+from loadtests.transport import MAX_IDLE_PER_HOST, POLICIES
 
 
 def _latency(dist: str, params: str) -> str:
@@ -52,7 +53,10 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--duration", type=float, default=10.0, help="seconds per measured phase (default 10)")
     g.add_argument("--requests", type=int, help="stop a phase after this many reviews")
     g.add_argument(
-        "--concurrency", type=int, help="closed loop: clients; open loop: connections (default 8 / 64)"
+        "--concurrency",
+        type=int,
+        help="closed loop: clients (default 8); open loop with --connection-policy fixed: connections "
+        "(default 64; the other policies start every arrival at once, however many are in flight)",
     )
     g.add_argument(
         "--rate",
@@ -62,6 +66,16 @@ def parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--poisson", action="store_true", help="open loop with exponential gaps (Poisson arrivals)"
+    )
+    g.add_argument(
+        "--burst",
+        metavar="PEAK:SECONDS",
+        help="open loop: after --duration at the --rate, offer PEAK (the --rate's unit: reviews/s, or a "
+        "share of capacity such as 150%%) for SECONDS, then --burst-after seconds at the rate again; "
+        "reports each segment and how soon p99 is normal again after the burst",
+    )
+    g.add_argument(
+        "--burst-after", type=float, default=10.0, help="seconds at the rate after the burst (default 10)"
     )
     g.add_argument(
         "--warmup", type=float, default=1.0, help="unmeasured seconds before each phase (default 1)"
@@ -80,6 +94,34 @@ def parser() -> argparse.ArgumentParser:
     w = p.add_argument_group("wire")
     w.add_argument(
         "--protocol", choices=("http1", "h2"), default="http1", help="default http1 (as kube-apiserver)"
+    )
+    w.add_argument(
+        "--connection-policy",
+        choices=POLICIES,
+        default="client-go",
+        help="HTTP/1.1 connections: client-go (default: the kube-apiserver's policy, 25 idle per host, "
+        "new connections dialled on demand, full handshakes), fixed (one per client, opened before "
+        "the measurement: not how the apiserver connects) or per-review (connect, handshake, one review, "
+        "close: the cost of a new TLS connection)",
+    )
+    w.add_argument(
+        "--max-idle",
+        type=int,
+        default=MAX_IDLE_PER_HOST,
+        help=f"client-go: idle connections kept per host (default {MAX_IDLE_PER_HOST}, client-go's)",
+    )
+    w.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        help="the caller's ?timeout= in seconds: a review is abandoned this long after its scheduled "
+        "arrival and its connection closed (default 10, a webhook's default timeoutSeconds)",
+    )
+    w.add_argument(
+        "--key-type",
+        choices=("ecdsa", "rsa"),
+        default="ecdsa",
+        help="the throwaway serving certificates: ecdsa (P-256, default) or rsa (2048 bits)",
     )
     w.add_argument(
         "--backend-protocol",
@@ -138,6 +180,32 @@ def parser() -> argparse.ArgumentParser:
         "'÷ baseline' row compares the two (CPU per review, reviews/s, latency)",
     )
     o.add_argument(
+        "--baseline-arg",
+        action="append",
+        help="an argument for the baseline gateway instead of the --gateway-arg ones; without "
+        "--baseline-tree the baseline is this checkout's gateway: an A/B of a flag in one run",
+    )
+    o.add_argument(
+        "--gateway-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an environment variable for the gateway (and the baseline, unless --baseline-env)",
+    )
+    o.add_argument(
+        "--baseline-env",
+        action="append",
+        metavar="NAME=VALUE",
+        help="an environment variable for the baseline gateway instead of the --gateway-env ones; "
+        "without --baseline-tree an A/B of this checkout's gateway in one run",
+    )
+    o.add_argument(
+        "--gc-stats",
+        action="store_true",
+        help="record the gateway's garbage collections (gc.callbacks) and report, per phase and "
+        "generation, how many and their pauses",
+    )
+    o.add_argument(
         "--nginx",
         action="store_true",
         help="also measure nginx as a plain TLS proxy hop in front of the same backend (a third row)",
@@ -178,12 +246,46 @@ def parse_rates(text: str | None) -> tuple[list[float], list[float]]:
     return ([], [v / 100 for v in values]) if shares else (values, [])
 
 
+def parse_burst(text: str | None, shares: bool) -> tuple[float | None, float]:
+    """``--burst PEAK:SECONDS``: (the peak in --rate's unit, as a share when ``shares``; seconds)."""
+    if not text:
+        return None, 2.0
+    peak, sep, seconds = text.partition(":")
+    if not sep:
+        raise ValueError(f"--burst {text}: give PEAK:SECONDS, e.g. 150%:2")
+    if peak.strip().endswith("%") != shares:
+        raise ValueError(f"--burst {text}: give the peak in the --rate's unit (reviews/s, or N% of capacity)")
+    try:
+        value, secs = float(peak.strip().removesuffix("%")), float(seconds)
+    except ValueError:
+        raise ValueError(f"--burst {text}: not a number") from None
+    if not (math.isfinite(value) and value > 0 and math.isfinite(secs) and secs > 0):
+        raise ValueError(f"--burst {text}: the peak and the seconds must be above zero")
+    return (value / 100 if shares else value), secs
+
+
+def _env_pairs(items: list[str] | None, flag: str) -> dict[str, str] | None:
+    if items is None:
+        return None
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ValueError(f"{flag} {item}: give NAME=VALUE")
+        out[name] = value
+    return out
+
+
 def options(args: argparse.Namespace) -> Options:
     rates, shares = parse_rates(args.rate)
+    if args.burst and len(rates) + len(shares) != 1:
+        raise ValueError("--burst needs one --rate (the rate before and after the burst)")
+    burst_peak, burst_seconds = parse_burst(args.burst, bool(shares))
+    fixed = args.connection_policy == "fixed" or args.protocol == "h2"
     opts = Options(
         duration=args.duration,
         requests=args.requests,
-        concurrency=args.concurrency or (64 if rates or shares else 8),
+        concurrency=args.concurrency or (64 if (rates or shares) and fixed else 8),
         rates=rates,
         capacity_shares=shares,
         poisson=args.poisson,
@@ -211,9 +313,22 @@ def options(args: argparse.Namespace) -> Options:
         baseline_tree=str(args.baseline_tree.resolve()) if args.baseline_tree else None,
         reload_every=args.reload_every,
         rss_every=_rss_every(args),
+        connection_policy=args.connection_policy,
+        max_idle=args.max_idle,
+        timeout=args.timeout,
+        burst_peak=burst_peak,
+        burst_seconds=burst_seconds,
+        burst_after=args.burst_after,
+        key_type=args.key_type,
+        gc_stats=args.gc_stats,
+        baseline_args=args.baseline_arg,
+        gateway_env=_env_pairs(args.gateway_env, "--gateway-env") or {},
+        baseline_env=_env_pairs(args.baseline_env, "--baseline-env"),
     )
     if args.quick:
         opts.duration = min(opts.duration, 2.0)
+        opts.burst_after = min(opts.burst_after, 2.0)
+        opts.burst_seconds = min(opts.burst_seconds, 1.0)
         opts.warmup = min(opts.warmup, 0.3)
         opts.repeat = 1
         opts.rates = opts.rates[:1]
@@ -225,7 +340,7 @@ def options(args: argparse.Namespace) -> Options:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one scenario, print the table, write JSON/PNG; exit 1 when any answer was wrong."""
+    """Run one scenario, print the table, write JSON/PNG; exit 1 when any answer was wrong or late."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["endpoints"]:  # a service backend over several pods: its own driver
         from loadtests.endpoints import main as endpoints_main
@@ -261,6 +376,15 @@ def main(argv: list[str] | None = None) -> int:
     for flag, value in (("--reload-every", args.reload_every), ("--rss-every", args.rss_every)):
         if value and (args.target or args.direct_only):
             parser().error(f"{flag} needs a gateway this run starts (not --target or --direct-only)")
+    for flag, value in (
+        ("--baseline-arg", args.baseline_arg),
+        ("--baseline-env", args.baseline_env),
+        ("--gc-stats", args.gc_stats),
+    ):
+        if value and (args.target or args.direct_only):
+            parser().error(f"{flag} needs a gateway this run starts (not --target or --direct-only)")
+    if args.max_idle < 0 or args.timeout <= 0:
+        parser().error("--max-idle takes a count (0 or more) and --timeout a positive number of seconds")
     if args.baseline_tree is not None:
         if args.target or args.direct_only:
             parser().error("--baseline-tree needs a gateway this run starts (not --target or --direct-only)")
@@ -301,8 +425,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         report.plot(result, args.plot)
         say(f"wrote {args.plot}")
-    wrong = sum(sum(r.errors.values()) for point in result.points for runs in point.values() for r in runs)
-    return 1 if wrong else 0
+    # A wrong answer, or none before the caller's deadline (the apiserver then applies failurePolicy).
+    failed = sum(
+        sum(r.errors.values()) + r.late for point in result.points for runs in point.values() for r in runs
+    )
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -7,13 +7,16 @@ one shared ``H2Connection`` multiplexes all workers' streams.
 
 from __future__ import annotations
 
+import contextlib
 import ssl
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import h2.config
 import h2.connection
+import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
@@ -129,6 +132,19 @@ class _Pending:
         self.error: str | None = None
 
 
+@contextlib.contextmanager
+def _reset_if_abandoned(conn: H2Connection, sid: int) -> Iterator[None]:
+    """A request given up on (its deadline, a cancelled task) resets its stream, as Go's HTTP/2 client
+    does; the RST_STREAM goes out with the connection's next write."""
+    try:
+        yield
+    except BaseException:
+        if conn.pending.pop(sid, None) is not None and not conn.broken:
+            with contextlib.suppress(h2.exceptions.ProtocolError):
+                conn.conn.reset_stream(sid, h2.errors.ErrorCodes.CANCEL)
+        raise
+
+
 class H2Connection:
     """One HTTP/2 connection shared by all workers; a reader task in the caller's nursery."""
 
@@ -236,7 +252,7 @@ class H2Connection:
                     (b"content-length", str(len(body)).encode()),
                 ],
             )
-            with trio.fail_after(_IO_TIMEOUT):
+            with _reset_if_abandoned(self, sid), trio.fail_after(_IO_TIMEOUT):
                 view = memoryview(body)
                 while view:
                     window = min(conn.local_flow_control_window(sid), conn.max_outbound_frame_size)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import trio
 
@@ -35,6 +36,46 @@ def arrival_offsets(
         out.append(t)
         t += rng.expovariate(rate) if poisson else 1.0 / rate
     return out
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A stretch of an open-loop schedule at one rate (``--burst``: before, burst, after)."""
+
+    name: str
+    start: float  # seconds from the schedule's start
+    seconds: float
+    rate: float
+
+
+def schedule_offsets(
+    segments: list[Segment], *, poisson: bool, seed: int, limit: int | None = None
+) -> list[float]:
+    """The arrival times of consecutive segments (seconds from the start), at most ``limit``."""
+    out: list[float] = []
+    for i, seg in enumerate(segments):
+        out += [seg.start + t for t in arrival_offsets(seg.rate, seg.seconds, poisson=poisson, seed=seed + i)]
+    return out[:limit] if limit is not None else out
+
+
+async def drive_open_loop_unbounded(offsets: list[float], handle: Handler) -> float:
+    """Start one task per arrival at its intended time, however many are still in flight (as the
+    kube-apiserver serves each request in its own goroutine); returns the start time used.
+
+    Arrivals whose time has come while the scheduler was busy start together at once, each with its
+    own intended time, so a stall of the generator is charged to the latency it measures too.
+    """
+    start = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        i, n = 0, len(offsets)
+        while i < n:
+            now = trio.current_time()
+            while i < n and start + offsets[i] <= now:
+                nursery.start_soon(handle, i, start + offsets[i])
+                i += 1
+            if i < n:
+                await trio.sleep_until(start + offsets[i])
+    return start
 
 
 async def drive_open_loop(offsets: list[float], workers: int, handle: Handler) -> float:

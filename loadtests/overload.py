@@ -12,9 +12,13 @@ process per mode. The load is an open loop of Poisson arrivals in three segments
 The capacity is measured first, in the same run, as what the gateway without shedding answers in a
 closed loop. Every review carries ``?timeout=T`` and the generator gives up on it at T counted from
 its *scheduled* arrival, as the API server gives up on a webhook call (and closes the connection):
-waiting for a free connection counts too. Reported per mode: each segment's throughput, latency
-and late answers (over T), the fail-open share (shed), the gateway's RSS over time, and the seconds
-from the drop of the load until every later one-second window is normal again.
+waiting for a free connection counts too. The caller holds its connections as the API server does
+(client-go's policy, ``loadtests.transport``: 25 idle per host, a new connection with a full TLS
+handshake whenever none is idle); ``--connection-policy fixed`` keeps ``--connections`` opened
+before the schedule instead, which never churns and so hides what a stall costs. Reported per
+mode: each segment's throughput, latency and late answers (over T), the fail-open share (shed), new
+connections per second, the gateway's RSS over time, and the seconds from the drop of the load
+until every later one-second window is normal again.
 
 The gateway runs pinned to one CPU and the generator and fleet to the others (``--no-pin`` to
 share), so "capacity" is one core's worth, whatever else runs.
@@ -38,11 +42,19 @@ import msgspec
 import trio
 
 from loadtests import processes
-from loadtests.client import ConnectionLostError, Endpoint, Http1Connection, client_context
-from loadtests.drive import arrival_offsets, drive_closed_loop, drive_open_loop
+from loadtests.client import ConnectionLostError, Endpoint, client_context
+from loadtests.drive import arrival_offsets, drive_closed_loop, drive_open_loop, drive_open_loop_unbounded
 from loadtests.fixtures import review_templates
 from loadtests.scenarios import backend_path, overload, write_configs
 from loadtests.stats import percentile
+from loadtests.transport import (
+    MAX_IDLE_PER_HOST,
+    POLICIES,
+    AbandonedError,
+    DialError,
+    Policy,
+    make_policy,
+)
 
 # What the gateway is started with in each mode (``--mode NAME=FLAGS`` adds or replaces one).
 MODES: dict[str, list[str]] = {
@@ -105,6 +117,7 @@ class SegmentResult:
     max_ms: float
     late: int  # not answered inside the caller's ?timeout=
     failed_open_pct: float  # answered with the fail-open annotations (every backend skipped or failed)
+    new_connections_per_s: float = 0.0  # connections the caller opened (their handshakes completed)
 
 
 @dataclass
@@ -121,6 +134,7 @@ class ModeResult:
     seconds: float
     errors: dict[str, int]
     windows: list[dict[str, float]]  # per second: due, offered, in time, p99 ms, late
+    connections: dict[str, float] | None = None  # the caller's (loadtests.transport.ConnectionStats)
 
 
 def schedule(
@@ -178,7 +192,9 @@ def recovery_seconds(rows: list[dict[str, float]], drop: float, normal_p99_ms: f
     return recovered
 
 
-def summarize_segment(seg: Segment, answers: Answers, timeout: float) -> SegmentResult:
+def summarize_segment(
+    seg: Segment, answers: Answers, timeout: float, dials: list[float] | None = None
+) -> SegmentResult:
     lats: list[float] = []
     late = opened = n = 0
     for due, lat, fo in zip(answers.due, answers.latency, answers.failed_open, strict=True):
@@ -204,49 +220,37 @@ def summarize_segment(seg: Segment, answers: Answers, timeout: float) -> Segment
         lats[-1] * 1000 if lats else math.nan,
         late,
         100.0 * opened / max(len(lats), 1),
+        sum(1 for t in dials or () if seg.start <= t < seg.start + seg.seconds) / seg.seconds,
     )
 
 
 class Caller:
-    """The API server's side: one keep-alive HTTP/1.1+TLS connection per worker, reopened after a
-    call it gave up on (as Go's client closes a connection whose request it abandoned)."""
+    """The API server's side: HTTP/1.1+TLS connections held by a connection policy
+    (``loadtests.transport``: client-go's by default), each review abandoned at its deadline counted
+    from its scheduled arrival, and its connection closed (as Go's client closes a connection whose
+    request it abandoned)."""
 
-    def __init__(self, endpoint: Endpoint, timeout: float) -> None:
-        self.endpoint = endpoint
+    def __init__(self, policy: Policy, timeout: float) -> None:
+        self.policy = policy
         self.timeout = timeout
         self.path = f"/validate?timeout={timeout:g}s".encode()
         self.template = review_templates(8, "v1")[0]
-        self.conns: dict[int, Http1Connection] = {}
         self.counter = 0
-
-    async def _drop(self, worker: int) -> None:
-        conn = self.conns.pop(worker, None)
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                await conn.aclose()
 
     async def call(self, worker: int, due_at: float, answers: Answers, origin: float) -> None:
         self.counter += 1
         uid = f"0ad0ad00-0000-4000-8000-{self.counter:012x}"
         due = due_at - origin
-        if trio.current_time() >= due_at + self.timeout:
-            # Waited for a free connection past the deadline: the caller has given up without
-            # sending (an expired request is never put on the wire, nor a connection closed for it).
-            answers.add(due, math.nan)
-            return
         try:
-            with trio.fail_at(due_at + self.timeout):  # the caller's deadline counts from the arrival
-                conn = self.conns.get(worker)
-                if conn is None:
-                    conn = self.conns[worker] = await Http1Connection.open(self.endpoint)
-                status, body = await conn.request(self.path, self.template.body(uid))
-        except trio.TooSlowError:
+            # An expired review is never put on the wire (waiting for a connection counts too).
+            status, body = await self.policy.round_trip(
+                worker, self.path, self.template.body(uid), due_at + self.timeout
+            )
+        except AbandonedError:
             answers.add(due, math.nan)
-            await self._drop(worker)
             return
-        except (ConnectionLostError, OSError):
+        except (ConnectionLostError, DialError, OSError):
             answers.error(due, "connection-lost")
-            await self._drop(worker)
             return
         latency = trio.current_time() - due_at
         try:
@@ -259,37 +263,27 @@ class Caller:
         failed_open = any(k.startswith("failed-open.") for k in reply.auditAnnotations or {})
         answers.add(due, latency, failed_open)
 
-    async def open_all(self, workers: int) -> None:
-        """Open every worker's connection before the schedule starts: the API server's connections
-        to a busy webhook are warm, and handshakes are not what "before" should measure."""
 
-        async def one(worker: int) -> None:
-            with contextlib.suppress(OSError, ConnectionLostError, trio.TooSlowError):
-                self.conns[worker] = await Http1Connection.open(self.endpoint)
-
-        async with trio.open_nursery() as nursery:
-            for worker in range(workers):
-                nursery.start_soon(one, worker)
-
-    async def aclose(self) -> None:
-        for worker in list(self.conns):
-            await self._drop(worker)
-
-
-async def probe_capacity(endpoint: Endpoint, connections: int, seconds: float, timeout: float) -> float:
-    """Closed loop over ``connections``: answered reviews per second (the gateway without shedding)."""
-    caller = Caller(endpoint, timeout)
+async def probe_capacity(
+    endpoint: Endpoint, connections: int, seconds: float, timeout: float, policy: str = "client-go"
+) -> float:
+    """Closed loop over ``connections`` clients: answered reviews per second (the gateway without
+    shedding)."""
     answers = Answers()
+    async with trio.open_nursery() as nursery:
+        caller = Caller(make_policy(policy, endpoint, nursery, max_idle=MAX_IDLE_PER_HOST), timeout)
+        await caller.policy.prepare(connections)
 
-    async def handle(worker: int, _intended: float) -> None:
-        await caller.call(worker, trio.current_time(), answers, 0.0)
+        async def handle(worker: int, _intended: float) -> None:
+            await caller.call(worker, trio.current_time(), answers, 0.0)
 
-    await drive_closed_loop(connections, min(1.0, seconds), None, handle)  # warm-up
-    answers = Answers()
-    start = trio.current_time()
-    await drive_closed_loop(connections, seconds, None, handle)
-    elapsed = trio.current_time() - start
-    await caller.aclose()
+        await drive_closed_loop(connections, min(1.0, seconds), None, handle)  # warm-up
+        answers = Answers()
+        start = trio.current_time()
+        await drive_closed_loop(connections, seconds, None, handle)
+        elapsed = trio.current_time() - start
+        caller.policy.close_all()
+        nursery.cancel_scope.cancel()
     answered = sum(1 for lat in answers.latency if not math.isnan(lat))
     return answered / elapsed
 
@@ -323,35 +317,50 @@ async def run_mode(
         target.pid,
         target.fleet_pid,
     )
-    caller = Caller(endpoint, args.timeout)
     answers = Answers()
     rss: list[tuple[float, float]] = []
-    await caller.open_all(args.connections)
-    cpu_before = processes.proc_cpu_seconds(pid)
-    others_before = processes.self_cpu_seconds() + processes.proc_cpu_seconds(fleet_pid)
-    origin = trio.current_time()
     total = sum(s.seconds for s in segments)
 
-    async def sample() -> None:
-        while True:
-            with contextlib.suppress(OSError):
-                rss.append((round(trio.current_time() - origin, 1), round(processes.proc_rss_mb(pid), 1)))
-            await trio.sleep(1.0)
-
-    async def handle(worker: int, intended: float) -> None:
-        await caller.call(worker, intended, answers, origin)
-
     async with trio.open_nursery() as nursery:
+        policy = make_policy(args.connection_policy, endpoint, nursery, max_idle=MAX_IDLE_PER_HOST)
+        caller = Caller(policy, args.timeout)
+        if policy.name == "fixed":
+            await policy.prepare(args.connections)
+        else:  # the apiserver's connections to a busy webhook are warm: a second of closed loop first
+            warm = Answers()
+
+            async def warm_up(worker: int, _intended: float) -> None:
+                await caller.call(worker, trio.current_time(), warm, 0.0)
+
+            await drive_closed_loop(8, 1.0, None, warm_up)
+        policy.stats.reset()
+        cpu_before = processes.proc_cpu_seconds(pid)
+        others_before = processes.self_cpu_seconds() + processes.proc_cpu_seconds(fleet_pid)
+        origin = trio.current_time()
+
+        async def sample() -> None:
+            while True:
+                with contextlib.suppress(OSError):
+                    rss.append((round(trio.current_time() - origin, 1), round(processes.proc_rss_mb(pid), 1)))
+                await trio.sleep(1.0)
+
+        async def handle(worker: int, intended: float) -> None:
+            await caller.call(worker, intended, answers, origin)
+
         nursery.start_soon(sample)
-        origin = trio.current_time()  # drive_open_loop takes its start in this same step
-        await drive_open_loop(offsets, args.connections, handle)
+        origin = trio.current_time()  # the drive takes its start in this same step
+        if policy.name == "fixed":
+            await drive_open_loop(offsets, args.connections, handle)
+        else:
+            await drive_open_loop_unbounded(offsets, handle)
+        policy.close_all()
         nursery.cancel_scope.cancel()
-    await caller.aclose()
+    dials = policy.stats.dial_offsets(origin)
     cpu = processes.proc_cpu_seconds(pid) - cpu_before
     others = processes.self_cpu_seconds() + processes.proc_cpu_seconds(fleet_pid) - others_before
     elapsed = trio.current_time() - origin
     rows = windows(answers, args.timeout, total)
-    seg_results = [summarize_segment(s, answers, args.timeout) for s in segments]
+    seg_results = [summarize_segment(s, answers, args.timeout, dials) for s in segments]
     before_p99 = seg_results[0].p99_ms
     normal = max(2 * before_p99, before_p99 + 10.0) if not math.isnan(before_p99) else math.inf
     shed = await _scrape_shed(endpoint)
@@ -368,6 +377,7 @@ async def run_mode(
         elapsed,
         answers.errors,
         rows,
+        policy.stats.summary(elapsed, len(answers.due)),
     )
 
 
@@ -382,13 +392,15 @@ def table(capacity: float, args: argparse.Namespace, results: list[ModeResult]) 
         f"overload {args.factor:g} x = {args.factor * capacity:,.0f}/s for {args.seconds:g} s; "
         f"?timeout={args.timeout:g}s; {args.backends} validating backends (20 ms, Ignore)",
         "",
-        "mode        segment   offered/s  in time/s   p50 ms    p99 ms    max ms   late  fail-open %",
+        "mode        segment   offered/s  in time/s   p50 ms    p99 ms    max ms   late  fail-open %"
+        "  new conn/s",
     ]
     for r in results:
         for s in r.segments:
             lines.append(
                 f"{r.mode:<11} {s.name:<9} {s.offered_rps:9,.0f}  {s.answered_rps:9,.0f}  {s.p50_ms:7.1f}  "
                 f"{s.p99_ms:8.1f}  {s.max_ms:8.1f}  {s.late:5d}  {s.failed_open_pct:10.1f}"
+                f"  {s.new_connections_per_s:10,.1f}"
             )
     lines.append("")
     lines.append(
@@ -450,7 +462,8 @@ async def run(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[flo
             # The most it answers: a few closed-loop concurrencies, the best one counts (more
             # connections than it can serve only add contention and would understate it).
             probes = {
-                n: await probe_capacity(endpoint, n, args.probe_seconds, args.timeout) for n in args.probes
+                n: await probe_capacity(endpoint, n, args.probe_seconds, args.timeout, args.connection_policy)
+                for n in args.probes
             }
             capacity = max(probes.values())
             say("capacity: " + ", ".join(f"{v:,.0f}/s at {n} connections" for n, v in probes.items()))
@@ -488,7 +501,18 @@ def main(argv: list[str]) -> int:
     p.add_argument("--timeout", type=float, default=2.0, help="the caller's ?timeout= in seconds (default 2)")
     p.add_argument("--backends", type=int, default=10, help="validating backends per review (default 10)")
     p.add_argument(
-        "--connections", type=int, default=256, help="the caller's keep-alive connections (default 256)"
+        "--connection-policy",
+        choices=POLICIES,
+        default="client-go",
+        help="the caller's connections: client-go (default: the kube-apiserver's policy, 25 idle per "
+        "host, a new one dialled whenever none is idle) or fixed (--connections opened before the "
+        "schedule, never more: not the apiserver's policy)",
+    )
+    p.add_argument(
+        "--connections",
+        type=int,
+        default=256,
+        help="--connection-policy fixed: the caller's connections (default 256)",
     )
     p.add_argument("--capacity", type=float, help="reviews/s to take as capacity (default: measure it)")
     p.add_argument("--probe-seconds", type=float, default=5.0, help="closed-loop seconds to measure capacity")

@@ -94,11 +94,13 @@ class Certs:
     keyfile: Path
 
     @classmethod
-    def create(cls, directory: Path) -> Certs:
+    def create(cls, directory: Path, key_type: str = "ecdsa") -> Certs:
+        """``key_type``: "ecdsa" (P-256, what the project ships) or "rsa" (2048 bits)."""
         import trustme
 
-        ca = trustme.CA()
-        leaf = ca.issue_cert("127.0.0.1", "localhost")
+        kind = {"ecdsa": trustme.KeyType.ECDSA, "rsa": trustme.KeyType.RSA}[key_type]
+        ca = trustme.CA(key_type=kind)
+        leaf = ca.issue_cert("127.0.0.1", "localhost", key_type=kind)
         certfile, keyfile = directory / "server.pem", directory / "server-key.pem"
         leaf.private_key_pem.write_to_path(str(keyfile))
         certfile.write_bytes(b"".join(blob.bytes() for blob in leaf.cert_chain_pems))
@@ -120,11 +122,16 @@ def managed(proc: subprocess.Popen[bytes]) -> Iterator[subprocess.Popen[bytes]]:
                 proc.wait(5)
 
 
-def _env(root: Path | None = None) -> dict[str, str]:
-    """The environment of a child: ``root`` (default: this checkout) first on its import path."""
+def _env(
+    root: Path | None = None, extra: dict[str, str] | None = None, *, first: Path | None = None
+) -> dict[str, str]:
+    """The environment of a child: ``root`` (default: this checkout) first on its import path (after
+    ``first``, when given), plus the variables of ``extra``."""
     top = str(root or Path(__file__).resolve().parent.parent)
+    if first is not None:
+        top = str(first) + os.pathsep + top
     path = os.environ.get("PYTHONPATH", "")
-    return {**os.environ, "PYTHONPATH": top + (os.pathsep + path if path else "")}
+    return {**os.environ, **(extra or {}), "PYTHONPATH": top + (os.pathsep + path if path else "")}
 
 
 def spawn_fleet(count: int, certs: Certs | None, *, http1_only: bool = False) -> subprocess.Popen[bytes]:
@@ -154,12 +161,22 @@ async def fleet_ports(proc: subprocess.Popen[bytes], timeout: float = 30) -> lis
 
 
 def spawn_gateway(
-    config_dir: Path, port: int, certs: Certs | None, log: Path, extra: list[str], *, tree: Path | None = None
+    config_dir: Path,
+    port: int,
+    certs: Certs | None,
+    log: Path,
+    extra: list[str],
+    *,
+    tree: Path | None = None,
+    env: dict[str, str] | None = None,
+    gc_stats: Path | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start ``python -m gateway --config DIR --bind 127.0.0.1:PORT [--certfile --keyfile]``.
 
     ``tree``: the gateway of that source checkout instead of this one (``--baseline-tree``): it is
-    the child's working directory, which ``python -m`` puts first on the import path.
+    the child's working directory, which ``python -m`` puts first on the import path. ``env``: more
+    environment variables. ``gc_stats``: record its garbage collections into this file
+    (``loadtests.gcstats``).
     """
     cmd = [sys.executable, "-m", "gateway", "--config", str(config_dir), "--bind", f"127.0.0.1:{port}"]
     if certs is not None:
@@ -170,8 +187,18 @@ def spawn_gateway(
     cmd += extra
     with log.open("wb") as out:
         return subprocess.Popen(  # noqa: S603  # our interpreter, list argv
-            cmd, stdout=out, stderr=subprocess.STDOUT, env=_env(tree), cwd=tree
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=_gateway_env(tree, env, gc_stats), cwd=tree
         )
+
+
+def _gateway_env(tree: Path | None, env: dict[str, str] | None, gc_stats: Path | None) -> dict[str, str]:
+    from loadtests import gcstats
+
+    env = dict(env or {})
+    if gc_stats is not None:
+        env.update(gcstats.env(gc_stats))
+    hooked = gc_stats is not None or "LOADTEST_GC_THRESHOLD" in env
+    return _env(tree, env, first=gcstats.HOOK_DIR if hooked else None)
 
 
 async def scrape_metrics(endpoint: Endpoint) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from loadtests.runner import CAPACITY_CLIENTS, RunResult
+from loadtests.runner import CAPACITY_CLIENTS, Options, RunResult
 from loadtests.soak import describe_rss, summarize_rss
 from loadtests.stats import BucketPercentiles, LatencySummary, PhaseResult, median_result
 
@@ -27,6 +27,41 @@ def medians(result: RunResult) -> list[dict[str, PhaseResult]]:
     return [{name: median_result(runs) for name, runs in point.items() if runs} for point in result.points]
 
 
+def _in_flight(o: Options) -> str:
+    if o.protocol == "h2" or o.connection_policy == "fixed":
+        return f"{o.concurrency} workers (arrivals wait for a free one; latency counts from the schedule)"
+    return "every arrival sent at its time, however many are in flight"
+
+
+def _connections(result: RunResult) -> str:
+    """How the generator connects: the apiserver's policy, or which other one."""
+    o = result.options
+    text = _policy(o)
+    if o.tls and not o.target:
+        text += f"; certificate: {'RSA 2048' if o.key_type == 'rsa' else 'ECDSA P-256'}"
+    return text
+
+
+def _policy(o: Options) -> str:
+    deadline = f"a review is abandoned {o.timeout:g} s (its ?timeout=) after its scheduled arrival"
+    if o.protocol == "h2":
+        return f"connections: one HTTP/2 connection, streams reset when abandoned; {deadline}"
+    if o.connection_policy == "fixed":
+        return (
+            f"connections: FIXED, one per worker opened before the measurement (not the apiserver's "
+            f"policy: it never dials under a stall); {deadline} and that connection replaced"
+        )
+    if o.connection_policy == "per-review":
+        return (
+            "connections: a NEW one per review (connect, full TLS handshake, one review, close): "
+            f"CPU µs/rev is the cost of a new connection; {deadline}"
+        )
+    return (
+        f"connections: client-go's policy (keep-alive, at most {o.max_idle} idle per host, a new one "
+        f"dialled whenever none is idle, full TLS handshakes); {deadline} and its connection closed"
+    )
+
+
 def describe(result: RunResult) -> str:
     """One paragraph saying what was measured and how."""
     o = result.options
@@ -38,14 +73,17 @@ def describe(result: RunResult) -> str:
         shares = ", ".join(f"{100 * s:g}%" for s in o.capacity_shares)
         probed = "; ".join(", ".join(f"{c:,.0f}" for c in point) for point in result.capacities)
         shape = (
-            f"open loop at {shares} of capacity{arrivals}, {o.concurrency} connections (capacity: "
+            f"open loop at {shares} of capacity{arrivals}, {_in_flight(o)} (capacity: "
             f"reviews/s in a closed loop of {CAPACITY_CLIENTS} clients right before each repeat: {probed})"
         )
     elif o.rates:
         rates = ", ".join(f"{r:g}" for r in o.rates)
-        shape = f"open loop {rates}/s{arrivals}, {o.concurrency} connections"
+        shape = f"open loop {rates}/s{arrivals}, {_in_flight(o)}"
     else:
         shape = f"closed loop, {o.concurrency} clients"
+    if o.burst_peak is not None and (o.rates or o.capacity_shares):
+        peak = f"{100 * o.burst_peak:g}% of capacity" if o.capacity_shares else f"{o.burst_peak:g}/s"
+        shape += f"; then a burst of {peak} for {o.burst_seconds:g} s, then {o.burst_after:g} s at the rate"
     bound = f"{o.duration:g} s" + (f" or {o.requests:,} reviews" if o.requests else "")
     size = f"~{o.size_kb:g} KB Pod reviews ({o.review_version})"
     what = (
@@ -59,7 +97,10 @@ def describe(result: RunResult) -> str:
         if o.target
         else f"generator, backend fleet and gateway all ran on this machine ({cpus} CPUs, {usable} usable)"
     )
-    text = f"{what}\n{proto}; {shape}; {bound}; {size}; medians of {o.repeat} run(s)\n{where}"
+    text = (
+        f"{what}\n{proto}; {shape}; {bound}; {size}; medians of {o.repeat} run(s)\n"
+        f"{_connections(result)}\n{where}"
+    )
     if o.baseline_tree:
         revision = result.baseline_revision or "?"
         text += f"\nbaseline: the gateway of {o.baseline_tree} ({revision}), run beside it"
@@ -76,6 +117,8 @@ _COLUMNS = (
     ("p99.9 ms", 10),
     ("max ms", 9),
     ("errors", 8),
+    ("late", 7),
+    ("new conn/s", 11),
     ("CPU µs/rev", 12),
     ("RSS MB", 8),
     ("backend µs", 12),
@@ -123,6 +166,8 @@ def table(result: RunResult) -> str:
                         _f(r.throughput_rps, "{:,.0f}"),
                         *_latency_cells(r.latency),
                         f"{sum(r.errors.values()):,}",
+                        f"{r.late:,}",
+                        _f(r.connections.get("new_per_s") if r.connections else None, "{:,.1f}"),
                         _f(r.cpu_us_per_review, "{:,.0f}"),
                         _f(r.peak_rss_mb, "{:.0f}"),
                         _f(r.backend_cpu_us_per_review, "{:,.0f}"),
@@ -133,6 +178,9 @@ def table(result: RunResult) -> str:
                 lines.append(_row([f"  {cls}", "", f"n={s.count:,}", *_latency_cells(s)]))
             if r.gateway_review is not None:
                 lines.append(_own_view(r.gateway_review, r.gateway_work))
+            lines.extend(_phase_details(r))
+        if "direct" in point and "nginx" in point:
+            lines.append(_ratio_row("nginx ratio", point["nginx"], point["direct"]))
         if "direct" in point and "gateway" in point:
             d, g = point["direct"], point["gateway"]
             ratio = g.throughput_rps / d.throughput_rps if d.throughput_rps else math.nan
@@ -141,6 +189,8 @@ def table(result: RunResult) -> str:
                 for f in ("p50_ms", "p90_ms", "p99_ms", "p999_ms")
             ]
             lines.append(_row(["ratio", "", _f(ratio, "{:.2f}x"), *added]))
+            if "nginx" in point:
+                lines.append(_versus_nginx(g, point["nginx"]))
             calls = len(result.scenario.endpoints)
             lines.append(
                 "  (ratio: gateway reviews/s ÷ direct; latency columns: added ms, gateway − direct"
@@ -186,6 +236,82 @@ def table(result: RunResult) -> str:
             " waiting to be read, in the kernel, in the generator."
         )
     return "\n".join(lines)
+
+
+def _ratio_row(label: str, g: PhaseResult, d: PhaseResult) -> str:
+    ratio = g.throughput_rps / d.throughput_rps if d.throughput_rps else math.nan
+    added = [
+        _f(getattr(g.latency, f) - getattr(d.latency, f), "{:+.2f}")
+        for f in ("p50_ms", "p90_ms", "p99_ms", "p999_ms")
+    ]
+    return _row([label, "", _f(ratio, "{:.2f}x"), *added])
+
+
+def _versus_nginx(g: PhaseResult, n: PhaseResult) -> str:
+    """The gateway against nginx's proxy hop to the same backend, same load and client."""
+    cpu = (
+        g.cpu_us_per_review / n.cpu_us_per_review
+        if g.cpu_us_per_review is not None and n.cpu_us_per_review
+        else math.nan
+    )
+    rps = g.throughput_rps / n.throughput_rps if n.throughput_rps else math.nan
+    more = [
+        _f(getattr(g.latency, f) - getattr(n.latency, f), "{:+.2f}")
+        for f in ("p50_ms", "p90_ms", "p99_ms", "p999_ms")
+    ]
+    return _row(["÷ nginx", "", _f(rps, "{:.2f}x"), *more, "", "", "", "", _f(cpu, "{:.2f}x")]) + (
+        "\n  (÷ nginx: gateway reviews/s and CPU µs/rev as ratios to nginx's; latency as ms gateway − nginx)"
+    )
+
+
+def _phase_details(r: PhaseResult) -> list[str]:
+    """Under a phase's row: its schedule's segments, the generator's connections and its own load,
+    the gateway's garbage collections."""
+    lines = []
+    for seg in r.segments or []:
+        lines.append(
+            f"  {seg.name:<7} {seg.start_s:>5.1f}-{seg.start_s + seg.seconds:<5.1f}s offered "
+            f"{seg.offered_rps:,.0f}/s, answered {seg.answered_rps:,.0f}/s, "
+            f"p50 {_f(seg.p50_ms, '{:.2f}')} ms, p99 {_f(seg.p99_ms, '{:.2f}')} ms, "
+            f"max {_f(seg.max_ms, '{:.1f}')} ms, not answered {seg.missing:,}, "
+            f"new connections {seg.new_connections_per_s:,.1f}/s"
+        )
+    if r.segments:
+        normal = _f(r.normal_p99_ms, "{:.1f}")
+        lines.append(
+            f"  normal again {r.recovery_s:g} s after the burst (every later second: p99 ≤ {normal} ms, "
+            "none missing)"
+            if r.recovery_s is not None
+            else f"  NOT normal again before the phase ended (p99 ≤ {normal} ms, none missing)"
+        )
+    c = r.connections
+    if c is not None:
+        lines.append(
+            f"  connections: {c['opened']:,.0f} new ({_f(c['new_per_s'], '{:,.1f}')}/s, "
+            f"{_f(c['per_review'], '{:.4f}')} handshakes per review, mean dial "
+            f"{_f(c['dial_ms_mean'], '{:.1f}')} ms), {c['dial_errors']:,.0f} failed, peak "
+            f"{c['peak_open']:,.0f} open, closed: {c['closed_surplus']:,.0f} surplus idle, "
+            f"{c['closed_abandoned']:,.0f} abandoned, {c['closed_by_server']:,.0f} by the server"
+        )
+    if r.generator_cpu_us_per_review is not None:
+        lag = (
+            f", its timers late p99 {_f(r.generator_lag_p99_ms, '{:.2f}')} ms, max "
+            f"{_f(r.generator_lag_max_ms, '{:.1f}')} ms"
+            if r.generator_lag_p99_ms is not None
+            else ""
+        )
+        lines.append(
+            f"  generator: {r.generator_cpu_us_per_review:,.0f} µs CPU per review, "
+            f"{_f(r.generator_cpu_pct, '{:.0f}')} % of a core{lag}"
+        )
+    if r.gc:
+        parts = [
+            f"{gen} {v['count']:,.0f} ({v['per_s']:,.1f}/s, max {_f(v['max_ms'], '{:.2f}')} ms)"
+            for gen, v in r.gc.items()
+        ]
+        paused = sum(v["pct_of_phase"] for v in r.gc.values())
+        lines.append(f"  gateway gc: {', '.join(parts)}; paused {paused:.2f} % of the phase")
+    return lines
 
 
 def _versus_baseline(g: PhaseResult, b: PhaseResult, revision: str | None) -> list[str]:

@@ -9,6 +9,7 @@ import math
 import subprocess
 import sys
 import tempfile
+from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -16,9 +17,16 @@ from typing import Any, Final
 
 import trio
 
-from loadtests import processes, soak
-from loadtests.client import ConnectionLostError, Endpoint, H2Connection, Http1Connection, client_context
-from loadtests.drive import arrival_offsets, drive_closed_loop, drive_open_loop
+from loadtests import gcstats, processes, soak
+from loadtests.client import ConnectionLostError, Endpoint, H2Connection, client_context
+from loadtests.drive import (
+    Segment,
+    arrival_offsets,
+    drive_closed_loop,
+    drive_open_loop,
+    drive_open_loop_unbounded,
+    schedule_offsets,
+)
 from loadtests.fixtures import ReviewTemplate, review_templates, with_labels
 from loadtests.scenarios import (
     Expectation,
@@ -34,7 +42,20 @@ from loadtests.stats import (
     Recorder,
     bucket_percentiles,
     histogram_buckets,
+    normal_p99_ms,
+    percentile,
+    recovery_seconds,
     summarize,
+    summarize_segment,
+    windows,
+)
+from loadtests.transport import (
+    MAX_IDLE_PER_HOST,
+    AbandonedError,
+    ConnectionStats,
+    DialError,
+    Policy,
+    make_policy,
 )
 from loadtests.verify import INJECTED, OK, Verifier
 
@@ -73,6 +94,21 @@ class Options:
     nginx: bool = False  # also measure an nginx proxy hop in front of the same backend
     baseline_tree: str | None = None  # also measure the gateway of this source checkout (its own row)
     reload_every: float | None = None  # soak: rewrite the gateway's configuration this often in its phases
+    # How the generator holds connections (loadtests.transport): "client-go" (the apiserver's
+    # policy), "fixed" (one per worker, opened first: not the apiserver's) or "per-review".
+    connection_policy: str = "client-go"
+    max_idle: int = MAX_IDLE_PER_HOST
+    timeout: float = 10.0  # the caller's ?timeout= (s): a review is abandoned this long after its arrival
+    # --burst PEAK:SECONDS: after the phase's --duration at the --rate, PEAK (same unit as --rate:
+    # reviews/s, or a share of the capacity) for burst_seconds, then burst_after seconds at the rate.
+    burst_peak: float | None = None
+    burst_seconds: float = 2.0
+    burst_after: float = 10.0
+    key_type: str = "ecdsa"  # the throwaway serving certificates: "ecdsa" (P-256) or "rsa" (2048)
+    gc_stats: bool = False  # record the gateway's garbage collections (gc.callbacks) per phase
+    baseline_args: list[str] | None = None  # the baseline gateway's extra arguments (default: gateway_args)
+    gateway_env: dict[str, str] = field(default_factory=dict)  # extra environment of the gateway
+    baseline_env: dict[str, str] | None = None  # ... of the baseline gateway (default: gateway_env)
     rss_every: float | None = None  # soak: sample the gateway's VmRSS this often in its phases
 
 
@@ -131,7 +167,12 @@ class Progress:
 
 
 class Generator:
-    """Drives one workload with one load shape and verifies every answer into a Recorder."""
+    """Drives one workload and verifies every answer into a Recorder.
+
+    Used as ``async with Generator(...) as gen``: its connections (the policy's pool, or the HTTP/2
+    connection) live from the warm-up through the measured phase, as the apiserver's transport
+    outlives any one request.
+    """
 
     def __init__(self, workload: Workload, opts: Options, protocol: str, ssl_ctx: Any) -> None:
         self.workload = workload
@@ -140,46 +181,78 @@ class Generator:
         self.verifier = Verifier(opts.error_rate)
         self.counter = 0
         self.uid_prefix = f"{opts.seed & 0xFFFFFFFF:08x}-10ad-4e57-8000-"
-        self.http1: dict[int, Http1Connection] = {}
         self.h2: H2Connection | None = None
+        self.policy: Policy | None = None
+        self._stack = contextlib.AsyncExitStack()
         self.nursery: trio.Nursery | None = None
 
-    async def _connection(self, worker: int) -> Http1Connection | H2Connection:
-        if self.protocol == "h2":
-            if self.h2 is None or self.h2.broken:
-                assert self.nursery is not None
-                self.h2 = await H2Connection.open(self.workload.endpoint, self.nursery)
-            return self.h2
-        conn = self.http1.get(worker)
-        if conn is None:
-            conn = self.http1[worker] = await Http1Connection.open(self.workload.endpoint)
-        return conn
+    async def __aenter__(self) -> Generator:
+        self.nursery = await self._stack.enter_async_context(trio.open_nursery())
+        if self.protocol != "h2":
+            self.policy = make_policy(
+                self.opts.connection_policy, self.workload.endpoint, self.nursery, max_idle=self.opts.max_idle
+            )
+        return self
 
-    async def _drop(self, worker: int) -> None:
-        conn = self.http1.pop(worker, None)
-        if conn is not None:
+    async def __aexit__(self, *exc: object) -> None:
+        if self.policy is not None:
+            self.policy.close_all()
+        if self.h2 is not None:
             with contextlib.suppress(Exception):
-                await conn.aclose()
+                await self.h2.aclose()
+            self.h2 = None
+        assert self.nursery is not None
+        self.nursery.cancel_scope.cancel()
+        await self._stack.aclose()
+
+    @property
+    def stats(self) -> ConnectionStats | None:
+        return self.policy.stats if self.policy is not None else None
+
+    async def _h2(self) -> H2Connection:
+        if self.h2 is None or self.h2.broken:
+            assert self.nursery is not None
+            self.h2 = await H2Connection.open(self.workload.endpoint, self.nursery)
+        return self.h2
+
+    async def _call(self, worker: int, path: bytes, body: bytes, deadline: float) -> tuple[int, bytes]:
+        if self.policy is not None:
+            return await self.policy.round_trip(worker, path, body, deadline)
+        if trio.current_time() >= deadline:
+            raise AbandonedError
+        try:
+            with trio.fail_at(deadline):
+                return await (await self._h2()).request(path, body)
+        except trio.TooSlowError:
+            raise AbandonedError from None  # the stream was reset; the connection stays (as Go's h2)
+        except (OSError, trio.BrokenResourceError) as exc:
+            raise DialError(str(exc)) from exc
 
     async def one(self, rec: Recorder, worker: int, intended: float) -> None:
-        """Send one review (its steps), verify each answer, record latency from ``intended``."""
+        """Send one review (its steps), verify each answer, record latency from ``intended``.
+
+        Each step is one webhook call of the apiserver, with its own deadline: ``--timeout`` from
+        the review's scheduled arrival for the first, from its own start for a later one.
+        """
         i = self.counter
         self.counter += 1
         cls, steps = self.workload.pick(i, self.opts.slow_fraction)
         injected = False
-        try:
-            conn = await self._connection(worker)
-        except (OSError, ConnectionLostError, trio.TooSlowError):
-            rec.error("connect")
-            await trio.sleep(0.01)
-            return
+        deadline = intended + self.opts.timeout
         for k, (path, template, expect) in enumerate(steps):
             uid = f"{self.uid_prefix}{i:08x}{k:04x}"
+            if k:
+                deadline = trio.current_time() + self.opts.timeout
             try:
-                status, body = await conn.request(path, template.body(uid))
-            except (ConnectionLostError, trio.TooSlowError, OSError) as exc:
-                rec.error("timeout" if isinstance(exc, trio.TooSlowError) else "connection-lost")
-                await self._drop(worker)
+                status, body = await self._call(worker, path, template.body(uid), deadline)
+            except AbandonedError:
+                rec.abandoned(intended)
+                return
+            except DialError:
+                rec.error("connect", intended)
+                return
+            except (ConnectionLostError, trio.TooSlowError, OSError):
+                rec.error("connection-lost", intended)
                 return
             if expect is None:  # --target without a known configuration: protocol checks only
                 verdict = self.verifier.check(status, body, uid, template, Expectation(allowed=True))
@@ -191,11 +264,9 @@ class Generator:
                 injected = True
                 break  # the apiserver would stop here too: a failed review goes no further
             if verdict != OK:
-                rec.error(verdict)
-                if isinstance(conn, Http1Connection) and not conn.reusable:
-                    await self._drop(worker)
+                rec.error(verdict, intended)
                 return
-        rec.ok(trio.current_time() - intended, cls)
+        rec.ok(trio.current_time() - intended, cls, intended)
         if injected:
             rec.injected += 1
 
@@ -208,53 +279,99 @@ class Generator:
         rate: float | None,
         label: str,
         progress: Progress,
+        segments: list[Segment] | None = None,
         on_started: Callable[[], None] = lambda: None,
+        lag: array[float] | None = None,
     ) -> float | None:
         """Run the load; returns the offered rate (open loop) or None (closed loop).
 
-        Connections are opened first (TLS handshakes are not part of the measurement), then
-        ``on_started`` is called so the caller can take its CPU snapshots.
+        The ``fixed`` policy opens its connections first (their handshakes are not measured); the
+        others start from the connections the warm-up left. Then ``on_started`` is called so the
+        caller can take its CPU snapshots. ``segments`` (open loop): a schedule of rates instead of
+        ``rate``. ``lag``: how late the generator's own 5 ms timer fires, appended during the load.
         """
-        async with trio.open_nursery() as nursery:
-            self.nursery = nursery
-            for worker in range(1 if self.protocol == "h2" else self.opts.concurrency):
-                with contextlib.suppress(OSError, ConnectionLostError, trio.TooSlowError):
-                    await self._connection(worker)
-            on_started()
-            rec.started = trio.current_time()
-            async with trio.open_nursery() as bar:
-                bar.start_soon(progress.run, label, rec, duration, requests)
+        workers = self.opts.concurrency
+        if self.policy is not None:
+            await self.policy.prepare(workers if self.policy.name == "fixed" else 0)
+        elif self.protocol == "h2":
+            with contextlib.suppress(
+                OSError, ConnectionLostError, trio.TooSlowError, trio.BrokenResourceError
+            ):
+                await self._h2()
+        if self.policy is not None:
+            self.policy.stats.reset()
+        on_started()
+        rec.started = trio.current_time()
+        async with trio.open_nursery() as aside:
+            aside.start_soon(progress.run, label, rec, duration, requests)
+            if lag is not None:
+                aside.start_soon(_lag_probe, lag)
 
-                async def handle(worker: int, intended: float) -> None:
-                    await self.one(rec, worker, intended)
+            async def handle(worker: int, intended: float) -> None:
+                await self.one(rec, worker, intended)
 
-                if rate is None:
-                    await drive_closed_loop(self.opts.concurrency, duration, requests, handle)
+            if rate is None and not segments:
+                await drive_closed_loop(workers, duration, requests, handle)
+            else:
+                if segments:
+                    offsets = schedule_offsets(
+                        segments, poisson=self.opts.poisson, seed=self.opts.seed, limit=requests
+                    )
                 else:
+                    assert rate is not None
                     offsets = arrival_offsets(
                         rate, duration, poisson=self.opts.poisson, seed=self.opts.seed, limit=requests
                     )
-                    await drive_open_loop(offsets, self.opts.concurrency, handle)
-                rec.finished = trio.current_time()
-                bar.cancel_scope.cancel()
-            for conn in list(self.http1.values()):
-                with contextlib.suppress(Exception):
-                    await conn.aclose()
-            self.http1.clear()
-            if self.h2 is not None:
-                with contextlib.suppress(Exception):
-                    await self.h2.aclose()
-                self.h2 = None
-            nursery.cancel_scope.cancel()
+                if self.opts.connection_policy == "fixed" or self.protocol == "h2":
+                    await drive_open_loop(offsets, workers, handle)
+                else:
+                    await drive_open_loop_unbounded(offsets, handle)
+            rec.finished = trio.current_time()
+            aside.cancel_scope.cancel()
         return rate
 
 
-def _query(path: str) -> str:
-    return path + ("&" if "?" in path else "?") + "timeout=10s"
+LAG_PERIOD: Final = 0.005
+
+
+def _lag_summary(lag: array[float]) -> dict[str, float]:
+    values = sorted(lag)
+    if not values:
+        return {}
+    return {"generator_lag_p99_ms": percentile(values, 99) * 1000, "generator_lag_max_ms": values[-1] * 1000}
+
+
+def _segments(opts: Options, rate: float | None, capacity: float | None) -> list[Segment] | None:
+    """``--burst``: the phase's schedule: --duration at the rate, the burst, then --burst-after."""
+    if opts.burst_peak is None or rate is None:
+        return None
+    peak = opts.burst_peak * capacity if capacity is not None else opts.burst_peak
+    d, b = opts.duration, opts.burst_seconds
+    return [
+        Segment("before", 0.0, d, rate),
+        Segment("burst", d, b, peak),
+        Segment("after", d + b, opts.burst_after, rate),
+    ]
+
+
+async def _lag_probe(out: array[float]) -> None:
+    """How late a 5 ms sleep of the generator wakes (seconds): its event loop's own delay."""
+    while True:
+        target = trio.current_time() + LAG_PERIOD
+        await trio.sleep_until(target)
+        out.append(trio.current_time() - target)
+
+
+def _query(path: str, timeout: float) -> str:
+    return path + ("&" if "?" in path else "?") + f"timeout={timeout:g}s"
 
 
 def gateway_workload(
-    scenario: Scenario, endpoint: Endpoint, templates: dict[str, list[ReviewTemplate]], known: bool
+    scenario: Scenario,
+    endpoint: Endpoint,
+    templates: dict[str, list[ReviewTemplate]],
+    known: bool,
+    timeout: float = 10.0,
 ) -> Workload:
     """Calls per review at the gateway: ``/mutate`` then ``/validate`` (on the mutated object)."""
     mixes: list[tuple[str, list[Step]]] = []
@@ -264,7 +381,7 @@ def gateway_workload(
             current = tmpl
             for ep in scenario.endpoints:
                 expect = expect_gateway(scenario, ep, cls) if known else None
-                steps.append((_query(f"/{ep}").encode(), current, expect))
+                steps.append((_query(f"/{ep}", timeout).encode(), current, expect))
                 if ep == "mutate" and expect is not None and expect.labels:
                     current = with_labels(current, dict.fromkeys(expect.labels, "true"))
             mixes.append((cls, steps))
@@ -272,7 +389,11 @@ def gateway_workload(
 
 
 def direct_workload(
-    scenario: Scenario, endpoint: Endpoint, path: str, templates: dict[str, list[ReviewTemplate]]
+    scenario: Scenario,
+    endpoint: Endpoint,
+    path: str,
+    templates: dict[str, list[ReviewTemplate]],
+    timeout: float = 10.0,
 ) -> Workload:
     """Calls per review straight to the scenario's representative backend (the baseline): as many as
     the gateway phase makes per review (mutate and validate: two), so the ratio compares like with like."""
@@ -280,7 +401,7 @@ def direct_workload(
     expect = expect_direct(spec)
     calls = len(scenario.endpoints)
     mixes: list[tuple[str, list[Step]]] = [
-        ("fast", [(_query(path).encode(), tmpl, expect)] * calls) for tmpl in templates["fast"]
+        ("fast", [(_query(path, timeout).encode(), tmpl, expect)] * calls) for tmpl in templates["fast"]
     ]
     return Workload(endpoint, mixes)
 
@@ -404,7 +525,7 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
     progress = Progress(opts.progress)
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(_tempdir())
-        certs = processes.Certs.create(tmp) if opts.tls and not opts.target else None
+        certs = processes.Certs.create(tmp, opts.key_type) if opts.tls and not opts.target else None
         ca_pem = opts.target_ca if opts.target else (certs.ca_pem if certs else None)
         ctx = client_context(ca_pem, opts.protocol, opts.insecure) if (opts.tls or opts.target) else None
         slow = any(b.slow_only for b in scenario.backends)
@@ -460,10 +581,15 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
                     args=gateway_args,
                     say=say,
                     tree=None,
+                    env=opts.gateway_env,
+                    gc_stats=opts.gc_stats,
                 )
-            if opts.baseline_tree:
-                tree = Path(opts.baseline_tree)
-                result.baseline_revision = processes.tree_revision(tree)
+            if opts.gateway and (
+                opts.baseline_tree or opts.baseline_args is not None or opts.baseline_env is not None
+            ):
+                # Another checkout's gateway, or this one's with other arguments or environment.
+                tree = Path(opts.baseline_tree) if opts.baseline_tree else None
+                result.baseline_revision = processes.tree_revision(tree or Path(__file__).parent.parent)
                 baseline, base_endpoint, _ = await _start_gateway(
                     stack,
                     tmp,
@@ -471,9 +597,12 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
                     ctx,
                     ca_pem,
                     insecure=opts.insecure,
-                    args=opts.gateway_args,
+                    args=opts.gateway_args if opts.baseline_args is None else opts.baseline_args,
                     say=say,
                     tree=tree,
+                    name="baseline",
+                    env=opts.gateway_env if opts.baseline_env is None else opts.baseline_env,
+                    gc_stats=opts.gc_stats,
                 )
             if opts.nginx:
                 nginx_endpoint = await _start_nginx(stack, tmp, certs, ctx, direct_endpoint, say=say)
@@ -515,6 +644,7 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
             probed: list[float] = []
             for rep in range(opts.repeat):
                 rate = fixed_rate
+                capacity = 0.0
                 if share is not None:
                     # The capacity of what the load is for (the gateway; the backend without one),
                     # now: a share of an earlier figure would load a slower machine more.
@@ -523,6 +653,7 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
                     capacity = await probe_capacity(probe_work, opts, ctx, progress)
                     probed.append(capacity)
                     rate = share * capacity
+                segments = _segments(opts, rate, capacity if share is not None else None)
                 for name, work, pid in (
                     ("direct", direct_work, fleet.pid if fleet else None),
                     ("nginx", nginx_work, nginx_pid),
@@ -531,54 +662,68 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
                 ):
                     if work is None:
                         continue
-                    if opts.warmup > 0:
-                        await Generator(work, opts, opts.protocol, ctx).run(
-                            Recorder(),
-                            duration=opts.warmup,
-                            requests=None,
-                            rate=None,
-                            label=f"{name} warm-up",
-                            progress=progress,
-                        )
                     rec = Recorder()
                     snap: dict[str, float] = {}
+                    gc_file = (
+                        tmp / f"{name}.gc.json" if opts.gc_stats and name in ("gateway", "baseline") else None
+                    )
 
                     def snapshot(
-                        pid: int | None = pid, snap: dict[str, float] = snap, name: str = name
+                        pid: int | None = pid,
+                        snap: dict[str, float] = snap,
+                        name: str = name,
+                        gc_file: Path | None = gc_file,
                     ) -> None:
                         if fleet:
                             snap["fleet"] = processes.proc_cpu_seconds(fleet.pid)
                         if pid:
                             snap["server"] = processes.proc_cpu_seconds(pid)
                         snap["self"] = processes.self_cpu_seconds()
+                        if gc_file is not None:
+                            snap["gc_from"] = gcstats.now()
                         if pid and name == "gateway":
                             profiling.start(pid)
 
-                    label = f"{name} {'closed' if rate is None else f'{rate:g}/s'} #{rep + 1}"
+                    shape = "closed" if rate is None else f"{rate:g}/s" + (" +burst" if segments else "")
+                    label = f"{name} {shape} #{rep + 1}"
                     # Soak (--reload-every, --rss-every): only during the measured gateway phases.
                     soak_gw = gateway if name == "gateway" else None
                     churning = churn if soak_gw is not None and probe is not None else None
-                    # The gateway's /metrics before and after its measured phase: its own view of it.
-                    own_before = await _scrape(probe) if soak_gw is not None else None
-                    if churning is not None and own_before is None:
-                        raise RuntimeError("the gateway's /metrics did not answer before a soak phase")
-                    before = soak.reload_counts(own_before or "")
-                    written = churn.written if churn is not None else 0
-                    async with trio.open_nursery() as soak_tasks:
-                        if churning is not None and opts.reload_every:
-                            soak_tasks.start_soon(soak.churn_during_phase, churning, opts.reload_every)
-                        if soak_gw is not None and result.rss is not None:
-                            soak_tasks.start_soon(result.rss.during_phase, soak_gw.pid)
-                        offered = await Generator(work, opts, opts.protocol, ctx).run(
-                            rec,
-                            duration=opts.duration,
-                            requests=opts.requests,
-                            rate=rate,
-                            label=label,
-                            progress=progress,
-                            on_started=snapshot,
-                        )
-                        soak_tasks.cancel_scope.cancel()
+                    lag: array[float] = array("d")
+                    async with Generator(work, opts, opts.protocol, ctx) as gen:
+                        if opts.warmup > 0:
+                            await gen.run(
+                                Recorder(),
+                                duration=opts.warmup,
+                                requests=None,
+                                rate=None,
+                                label=f"{name} warm-up",
+                                progress=progress,
+                            )
+                        # The gateway's /metrics before and after its measured phase: its own view.
+                        own_before = await _scrape(probe) if soak_gw is not None else None
+                        if churning is not None and own_before is None:
+                            raise RuntimeError("the gateway's /metrics did not answer before a soak phase")
+                        before = soak.reload_counts(own_before or "")
+                        written = churn.written if churn is not None else 0
+                        async with trio.open_nursery() as soak_tasks:
+                            if churning is not None and opts.reload_every:
+                                soak_tasks.start_soon(soak.churn_during_phase, churning, opts.reload_every)
+                            if soak_gw is not None and result.rss is not None:
+                                soak_tasks.start_soon(result.rss.during_phase, soak_gw.pid)
+                            offered = await gen.run(
+                                rec,
+                                duration=sum(s.seconds for s in segments) if segments else opts.duration,
+                                requests=opts.requests,
+                                rate=rate,
+                                segments=segments,
+                                label=label,
+                                progress=progress,
+                                on_started=snapshot,
+                                lag=lag,
+                            )
+                            soak_tasks.cancel_scope.cancel()
+                        conn_stats = gen.stats
                     if soak_gw is not None and result.rss is not None:
                         result.rss.sample(soak_gw.pid)  # the phase's end
                     if churning is not None and probe is not None and result.reloads is not None:
@@ -594,9 +739,13 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
                             rec.error("reload-not-applied")
                     if name == "gateway":
                         await profiling.finish(say)
-                    n = max(rec.ok_count + rec.error_count, 1)
+                    n = max(rec.ok_count + rec.error_count + rec.late, 1)
+                    generator_cpu = processes.self_cpu_seconds() - snap["self"]
+                    elapsed = max(rec.finished - rec.started, 1e-9)
                     extra: dict[str, Any] = {
-                        "generator_cpu_us_per_review": (processes.self_cpu_seconds() - snap["self"]) / n * 1e6
+                        "generator_cpu_us_per_review": generator_cpu / n * 1e6,
+                        "generator_cpu_pct": 100 * generator_cpu / elapsed,
+                        **_lag_summary(lag),
                     }
                     if pid and "server" in snap:
                         cpu = processes.proc_cpu_seconds(pid) - snap["server"]
@@ -606,6 +755,24 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
                     if fleet and "fleet" in snap:
                         fleet_cpu = processes.proc_cpu_seconds(fleet.pid) - snap["fleet"]
                         extra["backend_cpu_us_per_review"] = fleet_cpu / n * 1e6
+                    if gc_file is not None:
+                        extra["gc"] = gcstats.summarize(gc_file, snap["gc_from"], gcstats.now())
+                    dials = conn_stats.dial_offsets(rec.started) if conn_stats is not None else []
+                    if conn_stats is not None:
+                        extra["connections"] = conn_stats.summary(elapsed, n)
+                    # One window per second of the schedule (open loop), or of the phase (closed).
+                    span = sum(s.seconds for s in segments) if segments else opts.duration
+                    extra["windows"] = windows(
+                        rec.due, rec.outcome, elapsed if rate is None else min(span, elapsed), dials
+                    )
+                    if segments:
+                        extra["segments"] = [
+                            summarize_segment(s.name, s.start, s.seconds, rec, dials) for s in segments
+                        ]
+                        normal = normal_p99_ms(extra["segments"][0].p99_ms)
+                        extra["normal_p99_ms"] = normal
+                        burst_end = segments[1].start + segments[1].seconds
+                        extra["recovery_s"] = recovery_seconds(extra["windows"], burst_end, normal)
                     # After the CPU readings: rendering /metrics is not the phase's work.
                     own_after = await _scrape(probe) if own_before is not None else None
                     if own_before is not None and own_after is not None:
@@ -636,17 +803,31 @@ async def _start_gateway(
     args: list[str],
     say: Callable[[str], None],
     tree: Path | None,
+    name: str = "gateway",
+    env: dict[str, str] | None = None,
+    gc_stats: bool = False,
 ) -> tuple[subprocess.Popen[bytes], Endpoint, Endpoint]:
     """Start a gateway on the run's configuration and wait until it is ready: this checkout's, or
-    (``tree``) the baseline checkout's. Its process, its endpoint for the load, and a readiness
-    and ``/metrics`` probe (HTTP/1.1, whatever protocol the load uses)."""
-    name = "gateway" if tree is None else "baseline"
+    (``tree``) another checkout's; ``name`` "baseline" for the one measured beside it. Its process,
+    its endpoint for the load, and a readiness and ``/metrics`` probe (HTTP/1.1, whatever protocol
+    the load uses)."""
     port = processes.free_port()
     log = tmp / f"{name}.log"
-    which = "the gateway" if tree is None else f"the baseline gateway from {tree}"
+    which = f"the {name} gateway" + (f" from {tree}" if tree is not None else "")
     say(f"starting {which} on 127.0.0.1:{port} (config in {tmp / 'config'}) …")
     proc = stack.enter_context(
-        processes.managed(processes.spawn_gateway(tmp / "config", port, certs, log, args, tree=tree))
+        processes.managed(
+            processes.spawn_gateway(
+                tmp / "config",
+                port,
+                certs,
+                log,
+                args,
+                tree=tree,
+                env=env,
+                gc_stats=tmp / f"{name}.gc.json" if gc_stats else None,
+            )
+        )
     )
     endpoint = Endpoint("127.0.0.1", port, ctx if certs else None, f"127.0.0.1:{port}")
     probe_ctx = client_context(ca_pem, "http1", insecure) if certs else None
@@ -670,25 +851,28 @@ async def probe_capacity(work: Workload, opts: Options, ctx: Any, progress: Prog
     Up to ``CAPACITY_PROBE_SECONDS`` (at most the phase's duration) after the usual warm-up. A wrong
     answer ends the run: a load derived from a broken probe would measure nothing.
     """
-    closed = replace(opts, concurrency=CAPACITY_CLIENTS, rates=[], capacity_shares=[])
-    if opts.warmup > 0:
-        await Generator(work, closed, opts.protocol, ctx).run(
-            Recorder(),
-            duration=opts.warmup,
+    closed = replace(opts, concurrency=CAPACITY_CLIENTS, rates=[], capacity_shares=[], burst_peak=None)
+    rec = Recorder()
+    async with Generator(work, closed, opts.protocol, ctx) as gen:
+        if opts.warmup > 0:
+            await gen.run(
+                Recorder(),
+                duration=opts.warmup,
+                requests=None,
+                rate=None,
+                label="capacity warm-up",
+                progress=progress,
+            )
+        await gen.run(
+            rec,
+            duration=min(opts.duration, CAPACITY_PROBE_SECONDS),
             requests=None,
             rate=None,
-            label="capacity warm-up",
+            label="capacity probe",
             progress=progress,
         )
-    rec = Recorder()
-    await Generator(work, closed, opts.protocol, ctx).run(
-        rec,
-        duration=min(opts.duration, CAPACITY_PROBE_SECONDS),
-        requests=None,
-        rate=None,
-        label="capacity probe",
-        progress=progress,
-    )
+    if rec.late:
+        rec.errors["late"] += rec.late
     if rec.errors:
         raise RuntimeError(f"the capacity probe got wrong answers: {dict(rec.errors)}")
     if not rec.ok_count:

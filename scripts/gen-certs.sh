@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Make the webhook-gateway serving certificate with openssl, for clusters without cert-manager.
 #
-#   scripts/gen-certs.sh [-n NAMESPACE] [-s SERVICE] [-o DIR] [-d DAYS] [--new-ca]
+#   scripts/gen-certs.sh [-n NAMESPACE] [-s SERVICE] [-o DIR] [-d DAYS] [-k ecdsa|rsa] [--new-ca]
 #
 # Writes, into DIR (default: the repository's deploy/ directory):
 #   certs/ca.crt certs/ca.key      a private CA (kept, and reused on the next run)
@@ -15,6 +15,10 @@
 # and rotation needs no coordination. --new-ca makes a new CA; the caBundle then holds the new
 # and the previous CA, so the apiserver trusts the gateway before and after its pods pick up the
 # new Secret. Run it once more later (without --new-ca) to drop the old CA from the bundle.
+#
+# Keys are ECDSA P-256 unless -k rsa asks for RSA 2048: the kube-apiserver makes a full TLS handshake
+# for every new connection, and signing it with P-256 costs the gateway a fraction of RSA's CPU
+# (docs/performance.md). -k applies to the serving key, and to the CA's when a new CA is made.
 set -euo pipefail
 
 namespace=webhook-gateway
@@ -22,10 +26,11 @@ service=webhook-gateway
 secret=webhook-gateway-tls
 days=365
 new_ca=false
+key_type=ecdsa
 out="$(cd "$(dirname "$0")/.." && pwd)/deploy"
 
 usage() {
-    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit "${1:-2}"
 }
 
@@ -35,11 +40,18 @@ while [ $# -gt 0 ]; do
         -s) service="$2"; shift 2 ;;
         -o) out="$2"; shift 2 ;;
         -d) days="$2"; shift 2 ;;
+        -k|--key-type) key_type="$2"; shift 2 ;;
         --new-ca) new_ca=true; shift ;;
         -h|--help) usage 0 ;;
         *) echo "unknown argument: $1" >&2; usage ;;
     esac
 done
+
+case "$key_type" in
+    ecdsa) newkey=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1); key_usage="digitalSignature" ;;
+    rsa) newkey=(-newkey rsa:2048); key_usage="digitalSignature, keyEncipherment" ;;
+    *) echo "unknown key type: $key_type (ecdsa or rsa)" >&2; usage ;;
+esac
 
 command -v openssl >/dev/null || { echo "openssl is required" >&2; exit 1; }
 certs="$out/certs"
@@ -58,7 +70,7 @@ fi
 if [ "$new_ca" = true ] || [ ! -f "$certs/ca.key" ] || [ ! -f "$certs/ca.crt" ]; then
     echo "creating a new CA in $certs" >&2
     openssl req -x509 -new -nodes -sha256 -days 3650 \
-        -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 \
+        "${newkey[@]}" \
         -keyout "$work/ca.key" -out "$work/ca.crt" \
         -subj "/CN=webhook-gateway-ca" \
         -addext "basicConstraints=critical,CA:TRUE" \
@@ -71,12 +83,12 @@ fi
 
 cat >"$work/ext.cnf" <<EOF
 basicConstraints = critical, CA:FALSE
-keyUsage = critical, digitalSignature, keyEncipherment
+keyUsage = critical, $key_usage
 extendedKeyUsage = serverAuth
 subjectAltName = DNS:$dns, DNS:$dns.cluster.local, DNS:$service.$namespace
 EOF
 openssl req -new -nodes -sha256 \
-    -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 \
+    "${newkey[@]}" \
     -keyout "$work/tls.key" -out "$work/tls.csr" -subj "/CN=$dns" 2>/dev/null
 openssl x509 -req -sha256 -days "$days" -in "$work/tls.csr" \
     -CA "$certs/ca.crt" -CAkey "$certs/ca.key" -set_serial "0x$(openssl rand -hex 16)" \

@@ -179,6 +179,48 @@ async def test_a_bug_stays_with_its_backend(
     assert len(backends.calls) == 2
 
 
+@pytest.mark.parametrize(
+    ("policy", "allowed", "message", "calls", "annotation"),
+    [
+        pytest.param(
+            "Fail",
+            False,
+            "Internal error occurred: MutatingAdmissionWebhook/buggy.example.com has "
+            "panicked: unexpected bug",
+            1,
+            None,
+            id="VAL-06, MUT-14: a bug handling a Fail mutating backend is a 500 naming it; the chain stops",
+        ),
+        pytest.param(
+            "Ignore",
+            True,
+            None,
+            2,
+            "buggy.example.com",
+            id="VAL-06, MUT-14: a bug handling an Ignore mutating backend fails open; the chain goes on",
+        ),
+    ],
+)
+async def test_a_bug_in_a_mutating_call_stays_with_its_backend(
+    autojump_clock: Any, policy: str, allowed: bool, message: str | None, calls: int, annotation: str | None
+) -> None:
+    """VAL-06 for the chain: an unexpected exception while calling one mutating backend is confined to
+    it, under its own failurePolicy, as in the validating fan-out."""
+    backends = VirtualBackends({"buggy.example.com": (0, "boom"), "fine.example.com": (1, "allow")})
+    snap = snapshot(
+        hook("buggy.example.com", "https://x", failurePolicy=policy),
+        hook("fine.example.com", "https://x"),
+        kind="MutatingWebhookConfiguration",
+    )
+    verdict = await Dispatcher(backends, NoNamespaces()).mutate(
+        inbound(), snap, deadline=trio.current_time() + 10
+    )
+    assert verdict.allowed is allowed
+    assert (verdict.status.message if verdict.status else None) == message
+    assert len(backends.calls) == calls
+    assert verdict.audit_annotations.get("failed-open.mutation.round_0_index_0") == annotation
+
+
 class CachedNamespaces:
     """Knows ``shop`` now (a cache hit) and ``gone`` not to exist; a live lookup would never end."""
 

@@ -180,7 +180,7 @@ async def test_h2_clients_dropping_streams_do_not_kill_the_server(
     """HTTP/2 clients that vanish with many reviews in flight leave the server serving.
 
     Unpatched, hypercorn 0.18 dies here (KeyError in its HTTP/2 protocol, BusyResourceError in its
-    TCP server): see gateway/server/hypercorn_fixes.py.
+    TCP server): see gateway/server/hypercorn/http2.py and tcp_server.py.
     """
     args: tuple[str, ...] = ()
     ctx = None

@@ -577,16 +577,10 @@ async def test_direct_open_loop_with_injected_errors() -> None:
 
 
 # ------------------------------------------------------------------------------------------------
-# Against a real gateway (skipped until gateway/__main__.py exists)
-
-needs_gateway = pytest.mark.skipif(
-    not (ROOT / "gateway" / "__main__.py").exists(),
-    reason="the gateway CLI (gateway/__main__.py) is not there yet",
-)
+# Against a real gateway
 
 
 @pytest.mark.slow
-@needs_gateway
 @pytest.mark.parametrize(
     "args",
     [
@@ -749,7 +743,6 @@ def test_config_churn_changes_the_files_but_no_pod_rule(name: str, tmp_path: Pat
 
 
 @pytest.mark.slow
-@needs_gateway
 @pytest.mark.parametrize(
     "args",
     [

@@ -108,5 +108,7 @@ def test_quick_run_sheds_and_answers_every_review_correctly(tmp_path: Path) -> N
         assert [s["name"] for s in mode["segments"]] == ["before", "overload", "after"]
         assert mode["rss_mb"], "RSS was sampled during the run"
         assert all(kind == "connection-lost" for kind in mode["errors"]), mode["errors"]
+        assert mode["connections"]["dials"] >= mode["connections"]["opened"] >= 0, "the caller's churn"
+        assert all("new_connections_per_s" in s for s in mode["segments"])
     assert doc["modes"][1]["shed"] == 0, "without shedding flags nothing is shed"
     assert "normal again after the drop" in proc.stdout

@@ -31,6 +31,7 @@ from gateway.observability.metrics import Metrics
 from tests.support.client import connect
 from tests.support.conversion import CRD, conversion_review, crd, crontab, write_crds
 from tests.support.gateway import hook, review, send_review, write_config
+from tests.support.tools import require_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 MONITORING = ROOT / "deploy" / "components" / "monitoring"
@@ -51,10 +52,7 @@ def dashboard_queries() -> list[tuple[str, str]]:
 
 
 def _tool(name: str) -> str:
-    found = shutil.which(name)
-    if found is None:
-        pytest.skip(f"{name} is not installed (.ci/run installs Debian's prometheus package)")
-    return found
+    return require_tool(name)
 
 
 @pytest.fixture

@@ -1,29 +1,10 @@
-"""Rollout modes as pure functions: a mode never makes a backend stricter than Enforce."""
+"""Rollout modes' texts and labels as pure functions (the rule itself: tests/test_dispatch_outcome.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.resilience.modes import (
-    denial_warning,
-    effective_failure_policy,
-    enforces,
-    patch_warning,
-    shadow_outcome,
-)
-
-POLICIES = [
-    pytest.param("Enforce", "Fail", "Fail", id="Enforce keeps failurePolicy Fail"),
-    pytest.param("Enforce", "Ignore", "Ignore", id="Enforce keeps failurePolicy Ignore"),
-    pytest.param("Warn", "Fail", "Ignore", id="Warn: a call error is handled as under Ignore"),
-    pytest.param("Shadow", "Fail", "Ignore", id="Shadow: a call error never fails the review"),
-]
-
-
-@pytest.mark.parametrize(("mode", "policy", "expected"), POLICIES)
-def test_effective_failure_policy(mode: str, policy: str, expected: str) -> None:
-    assert effective_failure_policy(mode, policy) == expected  # type: ignore[arg-type]
-    assert enforces(mode) is (mode == "Enforce")  # type: ignore[arg-type]
+from gateway.resilience.modes import denial_warning, patch_warning, shadow_outcome
 
 
 def test_warnings_name_the_webhook() -> None:

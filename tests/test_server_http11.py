@@ -12,7 +12,7 @@ import pytest
 import trio
 from hypercorn.config import Config
 
-from gateway.server import hypercorn_fixes
+from gateway.server.extensions import DISCONNECT, disconnect_signal
 from tests.support.inbound import RecordingApp, serve_asgi
 
 BODY = b'{"kind":"AdmissionReview"}' * 40
@@ -184,6 +184,9 @@ async def test_http11_request_shapes(
             assert headers[b"content-type"] == b"text/plain"
             assert int(headers[b"content-length"]) == len(b"echo:" + body)
     assert [(m.get("body", b""), m.get("more_body", False)) for m in app.messages[0]] == received
+    # The seam (gateway.server.extensions): every request's scope carries its disconnect signal,
+    # whichever class started it (the fast path, GatewayHTTPStream, or hypercorn's own stream).
+    assert all(disconnect_signal(scope) is not None for scope in app.scopes)
     await stream.aclose()
     stop.set()
 
@@ -197,6 +200,9 @@ async def test_the_scope_is_the_one_hypercorn_builds(nursery: trio.Nursery) -> N
     await _read_replies(stream, [WHOLE])
     scope = dict(app.scopes[0])
     client, server = scope.pop("client"), scope.pop("server")
+    # The gateway's one addition (gateway.server.extensions): the caller's disconnect signal.
+    signal = scope["extensions"].pop(DISCONNECT)
+    assert signal.disconnected is False
     assert client == stream.socket.getsockname()[:2]
     assert server == ("127.0.0.1", port)
     assert scope == {
@@ -270,17 +276,19 @@ async def test_a_whole_response_is_one_write(nursery: trio.Nursery) -> None:
     from hypercorn.events import RawData
     from hypercorn.trio.worker_context import WorkerContext
 
-    hypercorn_fixes.install()
+    from gateway.server.hypercorn.http11 import GatewayH11Protocol
+    from gateway.server.hypercorn.task_group import GatewayTaskGroup
+
     writes: list[bytes] = []
 
     async def record(event: object) -> None:
         if isinstance(event, RawData):
             writes.append(bytes(event.data))
 
-    group = hypercorn_fixes.GatewayTaskGroup(None)
+    group = GatewayTaskGroup(None)
     group._nursery = nursery
     config = Config()
-    protocol = hypercorn_fixes.GatewayH11Protocol(
+    protocol = GatewayH11Protocol(
         ASGIWrapper(RecordingApp()), config, WorkerContext(None), group, {}, False, None, None, record
     )
     await protocol.handle(RawData(data=_encode(WHOLE)))

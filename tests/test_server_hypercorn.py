@@ -1,20 +1,29 @@
-"""hypercorn's trio worker with the gateway's adjustments (server/hypercorn_fixes.py), over real sockets.
+"""The gateway's server (``gateway.server.hypercorn``) and its seam with the application, over real sockets.
 
-The keep-alive idle timer, the request queue that reports the caller going away, and HTTP/1.1
-responses whose head and body are written together must keep hypercorn's observable behaviour.
+The keep-alive idle timer, the request queue that reports the caller going away (the
+``webhook-gateway.disconnect`` scope extension, on every protocol path), and HTTP/1.1 responses whose
+head and body are written together must keep hypercorn's observable behaviour. The seam itself:
+only verified hypercorn and h11 releases run, h11's private modules are imported in one place, and
+nothing finds the server's objects through ``__self__``.
 """
 
 from __future__ import annotations
 
+import ast
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable, MutableMapping
+from pathlib import Path
 from typing import Any
 
 import h11
 import pytest
 import trio
 
-from gateway.server import hypercorn_fixes
-from tests.support.inbound import serve_asgi
+from gateway.server.extensions import disconnect_signal
+from tests.support.inbound import H2Client, serve_asgi
+
+REPO = Path(__file__).resolve().parent.parent
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -27,6 +36,7 @@ class App:
     def __init__(self) -> None:
         self.disconnected: list[bool] = []
         self.cancelled = 0
+        self.sleeping = 0  # requests whose body is in and whose sleep began
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -40,11 +50,12 @@ class App:
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
-        queue = getattr(receive, "__self__", None)
-        assert isinstance(queue, hypercorn_fixes.RequestQueue)
+        queue = disconnect_signal(scope)
+        assert queue is not None
         ms = int(scope["path"].rsplit("/", 1)[1])
         with trio.CancelScope() as cancel:
             queue.on_disconnect = cancel.cancel
+            self.sleeping += 1
             await trio.sleep(ms / 1000)
         queue.on_disconnect = None
         self.cancelled += cancel.cancelled_caught
@@ -79,7 +90,8 @@ async def _request(stream: trio.SocketStream, conn: h11.Connection, path: str) -
         elif isinstance(event, h11.Data):
             reply += event.data
         elif isinstance(event, h11.EndOfMessage):
-            conn.start_next_cycle()
+            if conn.our_state is h11.DONE and conn.their_state is h11.DONE:  # not Connection: close
+                conn.start_next_cycle()
             return status, reply
 
 
@@ -256,3 +268,135 @@ async def test_keep_alive_requests_start_no_task_each(nursery: trio.Nursery) -> 
             await trio.sleep(0.02)
     assert app.cancelled == 1
     stop.set()
+
+
+# --- the seam: the disconnect signal on every protocol path ------------------------------------------
+
+
+def _h11_head(*extra: str) -> bytes:
+    return (
+        "POST /sleep/5000 HTTP/1.1\r\nhost: t\r\ncontent-length: 1\r\n" + "".join(extra) + "\r\n"
+    ).encode()
+
+
+async def _h11_call_then_close(port: int, head: bytes, app: App) -> None:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(head + b"x")
+    while not app.sleeping:
+        await trio.sleep(0.01)
+    await stream.aclose()
+
+
+async def _h2_call_then_reset(port: int, app: App) -> None:
+    client = await H2Client.open(port)
+    sid = await client.post(b"x", path="/sleep/5000")
+    while not app.sleeping:
+        await trio.sleep(0.01)
+    client.conn.reset_stream(sid)
+    await client.flush()
+    while not app.disconnected:  # the connection stays open: only the stream went away
+        await trio.sleep(0.01)
+    await client.stream.aclose()
+
+
+SEAM_PATHS = [
+    pytest.param(
+        lambda port, app: _h11_call_then_close(port, _h11_head(), app),
+        id="HTTP/1.1 fast path: a caller closing its connection fires on_disconnect",
+    ),
+    pytest.param(
+        lambda port, app: _h11_call_then_close(port, _h11_head("expect: 100-continue\r\n"), app),
+        id="HTTP/1.1 through h11 (GatewayHTTPStream): a caller closing its connection fires on_disconnect",
+    ),
+    pytest.param(
+        _h2_call_then_reset,
+        id="HTTP/2: a caller resetting its stream fires on_disconnect for that stream",
+    ),
+]
+
+
+@pytest.mark.parametrize("call", SEAM_PATHS)
+async def test_every_request_carries_the_disconnect_extension(
+    nursery: trio.Nursery, call: Callable[[int, App], Awaitable[None]]
+) -> None:
+    """The app learns its caller went away from ``scope["extensions"]["webhook-gateway.disconnect"]``
+    (gateway.server.extensions), whichever protocol class started the request, without reading."""
+    app = App()
+    port, stop = await serve_asgi(nursery, app, keep_alive_timeout=30.0)
+    with trio.fail_after(5):
+        await call(port, app)
+        while not app.disconnected:
+            await trio.sleep(0.01)
+    assert (app.cancelled, app.disconnected) == (1, [True])
+    stop.set()
+
+
+# --- the seam: verified releases only ------------------------------------------------------------------
+
+VERSION_CASES = [
+    pytest.param(
+        {"hypercorn": "0.17.3"},
+        "hypercorn 0.17.3 is not supported (verified: 0.18.0)",
+        id="an unverified hypercorn is refused with one line naming the versions",
+    ),
+    pytest.param(
+        {"h11": "0.15.0"},
+        "h11 0.15.0 is not supported (verified: 0.16.0)",
+        id="an unverified h11 (its private modules are used) is refused with one line naming the versions",
+    ),
+]
+
+
+@pytest.mark.parametrize(("versions", "message"), VERSION_CASES)
+@pytest.mark.parametrize(
+    "workers", ["1", "2"], ids=["one process", "--workers 2 (the supervisor checks first)"]
+)
+def test_unverified_releases_are_refused_at_start_up(
+    tmp_path: Path, versions: dict[str, str], message: str, workers: str
+) -> None:
+    code = (
+        "import importlib.metadata as m; real = m.version; "
+        f"fake = {versions!r}; "
+        "m.version = lambda name: fake.get(name) or real(name); "
+        "from gateway.__main__ import main; "
+        f"raise SystemExit(main(['--config', {str(tmp_path)!r}, '--bind', '127.0.0.1:0', '--workers', {workers!r}]))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60, check=False
+    )
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines == [f"webhook-gateway: {message}; install a verified version"]
+
+
+def _gateway_sources() -> list[tuple[Path, ast.Module]]:
+    return [(path, ast.parse(path.read_text())) for path in sorted((REPO / "gateway").rglob("*.py"))]
+
+
+def test_h11_private_modules_are_imported_in_one_place_only() -> None:
+    """h11's private modules are imported by gateway/wire/h11_private.py alone, after its version check."""
+    importers = set()
+    for path, tree in _gateway_sources():
+        for node in ast.walk(tree):
+            names = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            if any(name.startswith("h11._") for name in names):
+                importers.add(path.relative_to(REPO).as_posix())
+    assert importers == {"gateway/wire/h11_private.py"}
+
+
+def test_nothing_finds_the_server_through_bound_methods() -> None:
+    """No ``__self__`` introspection: what the app and the task group need is passed to them."""
+    found = [
+        f"{path.relative_to(REPO)}:{node.lineno}"
+        for path, tree in _gateway_sources()
+        for node in ast.walk(tree)
+        if (isinstance(node, ast.Attribute) and node.attr == "__self__")
+        or (isinstance(node, ast.Constant) and node.value == "__self__")
+    ]
+    assert found == []

@@ -304,9 +304,9 @@ def run(options: ServeSettings) -> int:
     if options.workers is not None and options.workers < 0:
         return fail(f"--workers: {options.workers} is not a number of processes (0: one per CPU)", 2)
     if (workers := worker_count(options)) > 1:
-        from gateway.server.hypercorn_version import check_version
+        from gateway.server.hypercorn.version import check_versions
 
-        check_version()  # before any worker starts: one line, as a single process says it
+        check_versions()  # before any worker starts: one line, as a single process says it
         try:
             return supervise(options, workers)  # N worker processes on one listening socket
         except GatewayError as exc:  # cannot listen: one line, as for a single process

@@ -26,19 +26,22 @@ _GO_ESCAPES = {
 
 
 def go_quote(text: str) -> str:
-    """``strconv.Quote``: a double-quoted Go string literal."""
+    """``strconv.Quote`` (Go's ``%q`` of a string); invalid UTF-8 arrives as surrogate escapes."""
     out = ['"']
-    for ch in text:
-        if ch in _GO_ESCAPES:
-            out.append(_GO_ESCAPES[ch])
-        elif ch.isprintable():
-            out.append(ch)
-        elif ord(ch) < 0x80:
-            out.append(f"\\x{ord(ch):02x}")
-        elif ord(ch) <= 0xFFFF:
-            out.append(f"\\u{ord(ch):04x}")
+    for char in text:
+        code = ord(char)
+        if char in _GO_ESCAPES:
+            out.append(_GO_ESCAPES[char])
+        elif 0xDC80 <= code <= 0xDCFF:  # an undecodable byte (surrogateescape)
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif char.isprintable():
+            out.append(char)
+        elif code < 0x80:
+            out.append(f"\\x{code:02x}")
+        elif code < 0x10000:
+            out.append(f"\\u{code:04x}")
         else:
-            out.append(f"\\U{ord(ch):08x}")
+            out.append(f"\\U{code:08x}")
     out.append('"')
     return "".join(out)
 
@@ -80,6 +83,7 @@ class FieldError:
     path: str
     body: str
     ratchet: bool = False
+    code: str = ""  # a warning's code for `check` (its --ignore-warning), where it has one of its own
 
     def __str__(self) -> str:
         return f"{self.path}: {self.body}"

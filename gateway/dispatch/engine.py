@@ -1,51 +1,69 @@
 """Dispatch: run the matching backends of one review and decide (VAL-*, MUT-*, FPT-*).
 
-``Dispatcher`` is the facade the server holds: ``validate``/``mutate`` take one decoded review and
-the snapshot it uses from start to end (ORD-04). They handle what precedes any backend (MAT-31/32
-exemptions, one namespace lookup per review, MAT-12) and hand over to the drivers:
+``Dispatcher.decide`` is the one entry the server holds: it takes one decoded review, the kind of
+webhook it is for, the snapshot it uses from start to end (ORD-04) and the overload shedder's
+decision, and walks the review once:
 
-- ``gateway.dispatch.validating``: concurrent fan-out, outcomes combined in configuration order;
-- ``gateway.dispatch.mutating``: the serial chain with reinvocation.
+1. MAT-31/32 exemptions (before readiness is even considered, MAT-33);
+2. the snapshot (a fixed one, or awaited until the gateway is ready; not ready: MAT-33's 403);
+3. the candidates (the backends whose rules can match), computed once; none: allowed (VAL-02);
+4. one namespace lookup, only if some candidate's selector needs it (MAT-12), and CEL's inputs;
+5. the driver: ``gateway.dispatch.validating`` (concurrent fan-out) or ``gateway.dispatch.mutating``
+   (the serial chain with reinvocation); both invoke every backend through
+   ``gateway.dispatch.invoke`` and return the outcomes in order;
+6. ``outcome.settle``: the ``Verdict`` (reply, annotations, report for metrics and logs), once, with
+   ``failurePolicy`` applied in one place.
 
-Both turn every backend invocation into an ``Outcome`` value and build the ``Verdict`` (reply,
-annotations, report for metrics and logs) once, in ``gateway.dispatch.outcome``, where
-``failurePolicy`` is applied in one place and where the backend policy seam is documented.
+A gateway bug outside any one backend's handling denies the review with a 500 naming the step
+(ERR-08), never an HTTP error; inside one backend's handling it stays with that backend (VAL-06).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeAlias
 
+import structlog
 import trio
 
 from gateway.admission import AdmissionAttributes
-from gateway.config.model import Snapshot
+from gateway.config.model import Snapshot, WebhookKind
 from gateway.config.plan import Candidate, MatchPlan
-from gateway.dispatch import mutating, validating
-from gateway.dispatch.invoke import Backends
-from gateway.dispatch.outcome import AdmitAll, BackendPolicy, DispatchSettings, PatchMode, Verdict
+from gateway.dispatch import mutating, status, validating
+from gateway.dispatch.invoke import Backends, Calls
+from gateway.dispatch.outcome import (
+    AdmitAll,
+    BackendPolicy,
+    CallFailed,
+    DispatchSettings,
+    Matching,
+    Outcome,
+    PatchMode,
+    Verdict,
+    settle,
+)
 from gateway.dispatch.ports import NamespaceLabelSource, NamespaceNotFoundError, WebhookCaller
 from gateway.dispatch.report import DispatchReport
 from gateway.dispatch.shadow import ShadowCalls
 from gateway.matching import (
+    ConditionInputs,
     NamespaceLabels,
     NamespaceLookupFailed,
     NamespaceNotFound,
     is_exempt,
+    matching_error_status,
     namespace_to_look_up,
+    not_ready_error,
 )
 from gateway.review import InboundReview
 
-__all__ = ["DispatchSettings", "Dispatcher", "PatchMode", "Verdict"]
+__all__ = ["DispatchSettings", "Dispatcher", "PatchMode", "ReadySnapshot", "Verdict"]
 
+log = structlog.get_logger("gateway.dispatch")
 
-def _need_namespace(candidates: Sequence[Candidate]) -> bool:
-    """Whether some candidate has a namespaceSelector (MAT-12); if none has, nothing is looked up."""
-    for candidate in candidates:  # noqa: SIM110 - a plain loop: no generator per review
-        if candidate.plan.needs_namespace:
-            return True
-    return False
+ReadySnapshot: TypeAlias = Callable[[float], Awaitable[Snapshot | None]]
+"""Awaits the snapshot to decide with, until the deadline given; None: the gateway is not ready (MAT-33)."""
 
 
 class Dispatcher:
@@ -71,51 +89,79 @@ class Dispatcher:
         self.settings = settings or DispatchSettings()
         self.backends = Backends(caller=caller, policy=policy or AdmitAll(), clock=clock, shadow=shadow)
 
-    async def validate(self, inbound: InboundReview, snapshot: Snapshot, *, deadline: float) -> Verdict:
-        """VAL-01..10: match all, call the matching ones concurrently, combine in config order."""
-        attrs = inbound.attributes
-        report = DispatchReport(kind="validating", operation=attrs.operation)
-        plans = snapshot.plans("validating")
-        if not plans or is_exempt(attrs, exclude_virtual_resources=self.settings.exclude_virtual_resources):
-            return Verdict(allowed=True, report=report)
-        candidates = plans.candidates(attrs)
-        if not candidates:
-            return Verdict(allowed=True, report=report)  # VAL-02: no rules match
-        namespace = None
-        if _need_namespace(candidates):
-            namespace = await self._namespace_labels([c.plan for c in candidates], attrs, deadline)
-        return await validating.validate(
-            self.backends,
-            self.settings,
-            inbound,
-            plans,
-            namespace=namespace,
-            report=report,
-            deadline=deadline,
-        )
+    async def validate(
+        self, inbound: InboundReview, snapshot: Snapshot, *, deadline: float, shed: str | None = None
+    ) -> Verdict:
+        """VAL-01..10: ``decide`` for the validating webhooks."""
+        return await self.decide("validating", inbound, snapshot, deadline=deadline, shed=shed)
 
-    async def mutate(self, inbound: InboundReview, snapshot: Snapshot, *, deadline: float) -> Verdict:
-        """MUT-01..25: the serial chain with reinvocation; one combined patch in the reply."""
+    async def mutate(
+        self, inbound: InboundReview, snapshot: Snapshot, *, deadline: float, shed: str | None = None
+    ) -> Verdict:
+        """MUT-01..25: ``decide`` for the mutating webhooks."""
+        return await self.decide("mutating", inbound, snapshot, deadline=deadline, shed=shed)
+
+    async def decide(
+        self,
+        kind: WebhookKind,
+        inbound: InboundReview,
+        snapshot: Snapshot | ReadySnapshot,
+        *,
+        deadline: float,
+        shed: str | None = None,
+    ) -> Verdict:
+        """The verdict on one review for the ``kind`` webhooks.
+
+        ``snapshot``: the snapshot to use, or a ``ReadySnapshot`` to await it from (the server's
+        readiness). ``shed``: the overload shedder's reason to refuse every call of this review at
+        once (each then fails under its backend's failurePolicy), or None.
+        """
         attrs = inbound.attributes
-        report = DispatchReport(kind="mutating", operation=attrs.operation)
-        plans = snapshot.plans("mutating")
-        if not plans or is_exempt(attrs, exclude_virtual_resources=self.settings.exclude_virtual_resources):
-            return Verdict(allowed=True, report=report)
-        candidates = plans.candidates(attrs)
-        if not candidates:
-            return Verdict(allowed=True, report=report)
+        report = DispatchReport(kind=kind, operation=attrs.operation)
+        if is_exempt(attrs, exclude_virtual_resources=self.settings.exclude_virtual_resources):
+            return Verdict(allowed=True, report=report)  # MAT-31/32, before readiness (MAT-33)
+        try:
+            if not isinstance(snapshot, Snapshot):
+                ready = await snapshot(deadline)
+                if ready is None:
+                    st = matching_error_status(not_ready_error(attrs))
+                    report.allowed, report.deny_reason, report.denied_by = False, st.message, "not-ready"
+                    return Verdict(allowed=False, status=st, report=report)
+                snapshot = ready
+            plans = snapshot.plans(kind)
+            candidates = plans.candidates(attrs) if plans else ()
+            if not candidates:
+                return Verdict(allowed=True, report=report)  # VAL-02: no rules match
+            return await self._decide(kind, inbound, candidates, report, deadline=deadline, shed=shed)
+        except Exception as exc:  # ERR-08: a gateway bug outside any one backend's handling
+            log.exception("dispatch failed", uid=inbound.uid, endpoint=kind)
+            st = status.internal_error_status(f"{kind} dispatch", str(exc) or type(exc).__name__)
+            report.allowed, report.deny_reason, report.denied_by = False, st.message, "gateway"
+            return Verdict(allowed=False, status=st, report=report)
+
+    async def _decide(
+        self,
+        kind: WebhookKind,
+        inbound: InboundReview,
+        candidates: Sequence[Candidate],
+        report: DispatchReport,
+        *,
+        deadline: float,
+        shed: str | None,
+    ) -> Verdict:
+        attrs = inbound.attributes
         namespace = None
         if _need_namespace(candidates):
             namespace = await self._namespace_labels([c.plan for c in candidates], attrs, deadline)
-        return await mutating.mutate(
-            self.backends,
-            self.settings,
-            inbound,
-            plans,
-            namespace=namespace,
-            report=report,
-            deadline=deadline,
-        )
+        matching = Matching(candidates, namespace, _condition_inputs(inbound, candidates), self.settings)
+        calls = Calls(self.backends, inbound, deadline=deadline, shed=shed)
+        patch = None
+        if kind == "validating":
+            outcomes = await validating.validate(calls, matching, report)
+        else:
+            outcomes, patch = await mutating.mutate(calls, matching, report)
+        report.deadline_exhausted = _deadline_exhausted(outcomes, deadline)
+        return settle(kind, report, outcomes, self.settings, patch=patch)
 
     async def _namespace_labels(
         self, plans: list[MatchPlan], attrs: AdmissionAttributes, deadline: float
@@ -140,3 +186,30 @@ class Dispatcher:
             return NamespaceNotFound(name)
         except Exception as exc:  # noqa: BLE001 - any lookup failure is MAT-17's 500, decided later
             return NamespaceLookupFailed(str(exc))
+
+
+def _need_namespace(candidates: Sequence[Candidate]) -> bool:
+    """Whether some candidate has a namespaceSelector (MAT-12); if none has, nothing is looked up."""
+    for candidate in candidates:  # noqa: SIM110 - a plain loop: no generator per review
+        if candidate.plan.needs_namespace:
+            return True
+    return False
+
+
+def _condition_inputs(inbound: InboundReview, candidates: Sequence[Candidate]) -> ConditionInputs | None:
+    """CEL's variables for one review (MAT-25), ``request`` read from the decoded review itself.
+
+    Built only when some candidate has match conditions (None otherwise: nothing will read them);
+    most reviews never evaluate CEL.
+    """
+    for candidate in candidates:
+        if candidate.plan.has_conditions:
+            return ConditionInputs(request=inbound.cel_request())
+    return None
+
+
+def _deadline_exhausted(outcomes: Sequence[Outcome], deadline: float) -> bool:
+    """MET-09: the review's budget ran out and some backend failed for it (a timeout, or no call)."""
+    if trio.current_time() < deadline:
+        return False
+    return any(isinstance(o, CallFailed) and o.error.kind == "timeout" for o in outcomes)

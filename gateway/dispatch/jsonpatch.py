@@ -132,10 +132,11 @@ def decode_patch(data: bytes) -> list[dict[str, Any]]:
 # --- equality --------------------------------------------------------------------------------------
 
 
-def json_equal(a: Any, b: Any) -> bool:
+def json_equal(a: Any, b: Any, *, exact: bool = False) -> bool:
     """Structural JSON equality (MUT-12): unordered objects, arrays by element, numbers by value.
 
     JSON booleans never equal numbers (in Python ``True == 1``), and strings compare exactly.
+    ``exact`` also tells ``1`` from ``1.0``: the JSON texts would differ (see ``_same``).
     """
     if a is b:
         return True
@@ -144,18 +145,18 @@ def json_equal(a: Any, b: Any) -> bool:
             return False
         for key, value in a.items():
             other = b.get(key, _ABSENT)
-            if other is _ABSENT or not json_equal(value, other):
+            if other is _ABSENT or not json_equal(value, other, exact=exact):
                 return False
         return True
     if isinstance(a, list):
         if not isinstance(b, list) or len(a) != len(b):
             return False
-        return all(json_equal(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    if isinstance(a, int | float):
-        return isinstance(b, int | float) and a == b
-    return type(a) is type(b) and a == b
+        return all(json_equal(x, y, exact=exact) for x, y in zip(a, b, strict=True))
+    if type(a) is type(b):
+        return bool(a == b)
+    if exact or isinstance(a, bool) or isinstance(b, bool):
+        return False
+    return isinstance(a, int | float) and isinstance(b, int | float) and a == b
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -166,21 +167,7 @@ def _same(a: Any, b: Any) -> bool:
     textual difference upstream sees (``1.5`` vs ``1.50``, ``"é"`` vs ``"\\u00e9"``): those compare equal
     here and unequal upstream.
     """
-    if a is b:
-        return True
-    if isinstance(a, dict):
-        if not isinstance(b, dict) or len(a) != len(b):
-            return False
-        for key, value in a.items():
-            other = b.get(key, _ABSENT)
-            if other is _ABSENT or not _same(value, other):
-                return False
-        return True
-    if isinstance(a, list):
-        if not isinstance(b, list) or len(a) != len(b):
-            return False
-        return all(_same(x, y) for x, y in zip(a, b, strict=True))
-    return type(a) is type(b) and a == b
+    return json_equal(a, b, exact=True)
 
 
 # --- application -----------------------------------------------------------------------------------

@@ -1,53 +1,37 @@
-"""The mutating driver (MUT-01..25): the serial chain with at most one reinvocation round, then settle.
+"""The mutating driver (MUT-01..25): the serial chain with at most one reinvocation round.
 
-A thin loop over I/O: for each backend in effective order, match against the current object, call,
-and turn the reply into an ``Outcome`` with the pure ``ChainObject.apply`` (MUT-04..12); the chain
-stops at the first outcome whose ``Effect`` denies (MUT-13/14, FPT-09). ``outcome.settle`` builds
-the verdict, annotations and report from the outcomes once. No exception steers the chain.
+A thin loop over I/O: for each backend in effective order, match against the current object, invoke
+it (``gateway.dispatch.invoke``), and let the pure ``ChainObject.apply`` say what its reply does to
+the object (MUT-04..12); the chain stops at the first outcome whose ``Effect`` denies (MUT-13/14,
+FPT-09). The outcomes and the combined patch go to ``outcome.settle``. No exception steers the chain.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import msgspec
-import trio
 
 from gateway.admission import AdmissionAttributes, decode_nested, is_null, nesting_allowed
-from gateway.config.backend_policy import BackendMode
 from gateway.config.model import Webhook
-from gateway.config.plan import PlanSet
 from gateway.dispatch import jsonpatch, status
-from gateway.dispatch.invoke import (
-    Backends,
-    Called,
-    call_backend,
-    condition_inputs,
-    deadline_exceeded,
-    note_conditions,
-)
+from gateway.dispatch.invoke import Called, Calls, reply_outcome
 from gateway.dispatch.outcome import (
-    SIDE_EFFECTS_REFUSED_ON_DRY_RUN,
     Allowed,
     CallFailed,
-    DispatchSettings,
-    DryRunRefused,
     Invocation,
+    Matching,
     MatchRefused,
     Outcome,
     PatchFailed,
     PatchMode,
-    Rejected,
-    Verdict,
     apply_failure_policy,
-    settle,
 )
 from gateway.dispatch.reinvocation import ReinvocationState
 from gateway.dispatch.report import DispatchReport, ModeRecord
 from gateway.errors import CallingWebhookError
-from gateway.matching import Call, CallFailure, NamespaceLabels, Refuse, should_call
-from gateway.review import JSON_PATCH, InboundReview
+from gateway.matching import Call, CallFailure, Refuse, should_call
+from gateway.review import JSON_PATCH
 
 _encode = msgspec.json.Encoder().encode
 _decoder = msgspec.json.Decoder()
@@ -68,17 +52,16 @@ class ChainObject:
         self.doc: Any = None
         self.patches: list[bytes] = []
 
-    def apply(self, hook: Webhook, called: Called, at: Invocation, *, commit: bool = True) -> Outcome:
-        """REV-11 / MUT-04..13: what a verified reply does to the chain.
+    def apply(self, hook: Webhook, called: Called, at: Invocation) -> Outcome:
+        """REV-11 / MUT-04..13: what a verified reply does to the chain (``invoke.Classify``).
 
-        ``commit=False`` (a backend in Warn or Shadow mode): the patch is checked like any other but
-        not applied; the ops that would have changed the object come back as ``Allowed.withheld``.
+        A backend in Warn or Shadow mode (``at.mode``): the patch is checked like any other but not
+        applied; the ops that would have changed the object come back as ``Allowed.withheld``.
         """
         resp = called.response
-        if not resp.allowed:  # MUT-13
-            return Rejected(at, resp, status.rejection_status(hook.name, resp.status))
-        if resp.patch is None:
-            return Allowed(at, resp)
+        if not resp.allowed or resp.patch is None:  # MUT-13, or nothing to apply
+            return reply_outcome(hook, called, at)
+        commit = at.enforced
         if called.version == "v1" and resp.patch_type != JSON_PATCH:  # MUT-05
             error = CallingWebhookError(
                 f'unsupported patch type "{resp.patch_type}"', status_code=400, kind="bad_response"
@@ -162,157 +145,57 @@ class ChainObject:
 
 
 async def mutate(
-    backends: Backends,
-    settings: DispatchSettings,
-    inbound: InboundReview,
-    plans: PlanSet,
-    *,
-    namespace: NamespaceLabels | None,
-    report: DispatchReport,
-    deadline: float,
-) -> Verdict:
-    """MUT-01..25 for one review whose namespace labels were looked up (``namespace``)."""
-    chain = ChainObject(inbound.attributes)
-    # Rules read only operation and resource, which no patch changes: the candidates are fixed.
-    candidates = plans.candidates(chain.attrs)
-    inputs = condition_inputs(inbound, [plan for plan, _ in candidates])
+    calls: Calls, matching: Matching, report: DispatchReport
+) -> tuple[list[Outcome], bytes | None]:
+    """MUT-01..25: the outcomes of one review's chain, in chain order, and its combined patch.
+
+    The candidates are fixed for the whole chain: rules read only operation and resource, which no
+    patch changes.
+    """
+    chain = ChainObject(calls.inbound.attributes)
+    policy = calls.backends.policy
     state = ReinvocationState()
     outcomes: list[Outcome] = []
     for round_ in (0, 1):
         if round_ == 1 and not state.should_run_round_1:
             break
-        for plan, direct in candidates:
+        for plan, direct in matching.candidates:
             hook = plan.hook
             if round_ == 1 and not state.should_reinvoke(hook.identity):
                 continue  # MUT-16/17: only backends in R, and only those invoked in round 0
             decision = should_call(
-                plan, chain.attrs, namespace, direct=direct, equivalents=settings.equivalents, inputs=inputs
+                plan,
+                chain.attrs,
+                matching.namespace,
+                direct=direct,
+                equivalents=matching.settings.equivalents,
+                inputs=matching.inputs,
             )
-            note_conditions(report, hook, decision)
+            report.note_conditions(hook.name, decision)
             if isinstance(decision, Refuse):  # MUT-02: answers the review, earlier patches discarded
                 outcomes.append(MatchRefused(hook, decision.error))
-                return settle("mutating", report, outcomes, settings)
+                return outcomes, None
             if not isinstance(decision, Call | CallFailure):
                 continue
             report.matched += 1
             pre_error = decision.error if isinstance(decision, CallFailure) else None
-            mode = backends.policy.mode(hook)
+            mode = policy.mode(hook)
             if mode != "Enforce":
                 report.modes.append(ModeRecord(hook.name, hook.configuration, mode, round_, hook.index))
-            if mode == "Shadow":  # called apart from the review on the object as it is here
-                _start_shadow(
-                    backends,
-                    hook,
-                    inbound,
-                    ChainObject(chain.attrs),
-                    pre_error=pre_error,
-                    round_=round_,
-                    mode=mode,
-                )
+            if mode == "Shadow":  # called apart from the review, on its own copy of the chain so far
+                calls.shadow(hook, chain.attrs, ChainObject(chain.attrs).apply, pre_error, round_=round_)
                 continue
             if round_ == 1:
                 report.reinvoked.append(hook.name)
-            outcome = await _invoke(
-                backends,
-                hook,
-                inbound,
-                chain,
-                pre_error=pre_error,
-                round_=round_,
-                mode=mode,
-                report=report,
-                deadline=deadline,
-            )
+            at = Invocation(hook, round=round_, mode=mode)
+            outcome = await calls.invoke(at, chain.attrs, chain.apply, pre_error)
             outcomes.append(outcome)
             if apply_failure_policy(outcome, hook.failure_policy).denies:
-                return settle("mutating", report, outcomes, settings)  # MUT-13/14, FPT-09, MUT-06..10
+                return outcomes, None  # MUT-13/14, FPT-09, MUT-06..10
             changed = isinstance(outcome, Allowed) and outcome.mutated
             state.record(hook.identity, if_needed=hook.reinvocation_policy == "IfNeeded", changed=changed)
     try:
-        patch = chain.combined_patch(settings.patch_mode)
+        patch = chain.combined_patch(matching.settings.patch_mode)
     except RecursionError:  # beyond even the raised limit: the ops as the backends sent them
         patch = jsonpatch.concat_patches(chain.patches)
-    return settle("mutating", report, outcomes, settings, patch=patch)
-
-
-def _start_shadow(
-    backends: Backends,
-    hook: Webhook,
-    inbound: InboundReview,
-    chain: ChainObject,
-    *,
-    pre_error: CallingWebhookError | None,
-    round_: int,
-    mode: BackendMode,
-) -> None:
-    """A Shadow-mode backend: its own copy of the chain so far, its own timeout, never applied."""
-
-    async def run() -> Outcome:
-        scratch = DispatchReport(kind="mutating", operation=chain.attrs.operation)
-        return await _invoke(
-            backends,
-            hook,
-            inbound,
-            chain,
-            pre_error=pre_error,
-            round_=round_,
-            mode=mode,
-            report=scratch,
-            deadline=math.inf,
-        )
-
-    backends.start_shadow(hook, run, review_uid=inbound.uid)
-
-
-async def _invoke(
-    backends: Backends,
-    hook: Webhook,
-    inbound: InboundReview,
-    chain: ChainObject,
-    *,
-    pre_error: CallingWebhookError | None,
-    round_: int,
-    mode: BackendMode,
-    report: DispatchReport,
-    deadline: float,
-) -> Outcome:
-    """MUT-01: dry-run check, call, and what the reply does to the chain (REV-11).
-
-    ``mode`` is the backend's rollout mode (``BackendPolicy.mode``, asked once per invocation). A
-    backend in a rollout mode (Warn, Shadow) never changes the chain: its patch is only checked.
-    """
-    if chain.attrs.dry_run and hook.side_effects in SIDE_EFFECTS_REFUSED_ON_DRY_RUN:  # FPT-09
-        return DryRunRefused(Invocation(hook, round=round_, mode=mode), status.dry_run_status(hook.name))
-    clock = backends.clock
-    started = clock()
-    error = pre_error
-    if error is None and trio.current_time() >= deadline:  # FPT-08: the budget ran out before the call
-        report.deadline_exhausted = True
-        error = deadline_exceeded(backends.caller, hook)
-    if error is not None:
-        return CallFailed(Invocation(hook, round=round_, seconds=clock() - started, mode=mode), error)
-    admission = backends.policy.admit(hook)  # the backend policy seam (see gateway.dispatch.outcome)
-    if isinstance(admission, CallingWebhookError):
-        return CallFailed(Invocation(hook, round=round_, seconds=clock() - started, mode=mode), admission)
-    try:
-        called = await call_backend(
-            backends.caller, hook, inbound, chain.attrs, deadline=deadline, mutating=True
-        )
-        outcome: Outcome
-        if isinstance(called, CallingWebhookError):
-            outcome = CallFailed(Invocation(hook, round=round_, seconds=clock() - started, mode=mode), called)
-        else:
-            at = Invocation(
-                hook,
-                round=round_,
-                seconds=clock() - started,
-                version=called.version,
-                backend_uid=called.backend_uid,
-                mode=mode,
-            )
-            outcome = chain.apply(hook, called, at, commit=mode == "Enforce")
-    except BaseException:
-        admission.abandoned()
-        raise
-    admission.settled(outcome)
-    return outcome
+    return outcomes, patch

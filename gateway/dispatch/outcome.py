@@ -1,17 +1,18 @@
 """Deciding apart from recording: every backend invocation ends as a value, decided and recorded once.
 
-The drivers (``validating``, ``mutating``) do the I/O and turn each backend invocation into an
-``Outcome``. Everything after that is pure and lives here:
+Every backend invocation ends as an ``Outcome`` (``gateway.dispatch.invoke``, for both drivers).
+Everything after that is pure and lives here:
 
 - ``apply_failure_policy(outcome, policy)`` → ``Effect``: the one place where ``failurePolicy``
   (FPT-01..03), dry-run refusal (FPT-09) and internal errors (MUT-06..10, ERR-08) become allow /
-  deny / fail open. Both drivers call it; the mutating chain stops at the first deny.
+  deny / fail open. ``settle`` applies it to every outcome; the mutating chain also asks it to stop
+  at the first deny.
 - ``settle(...)`` builds the ``Verdict`` from the list of outcomes: the reply (allowed, status, patch),
   the audit annotations (AUD-04..06) and warnings (AUD-07), and the ``DispatchReport`` that metrics
   and the review log line read (MET-02..06).
 
-Backend policy seam (circuit breaker, bulkhead, overload shedding, rollout modes): a
-``BackendPolicy`` is asked ``admit(hook)`` by the drivers before a call; a refusal is returned as
+Backend policy seam (circuit breaker, bulkhead, rollout modes): a ``BackendPolicy`` is asked
+``admit(hook)`` before every call (``gateway.dispatch.invoke``); a refusal is returned as
 the ``CallingWebhookError`` the call would have failed with, so it becomes a ``CallFailed`` outcome
 governed by the backend's ``failurePolicy`` like any other call error. Otherwise it returns an
 ``Admission``, told exactly once how the call ended: ``settled(outcome)`` with every outcome of the
@@ -37,6 +38,7 @@ import msgspec
 from gateway.admission import Status
 from gateway.config.backend_policy import BackendMode
 from gateway.config.model import FailurePolicy, Webhook
+from gateway.config.plan import Candidate
 from gateway.dispatch import status as statuses
 from gateway.dispatch.annotations import (
     AuditAnnotations,
@@ -50,7 +52,7 @@ from gateway.dispatch.annotations import (
 )
 from gateway.dispatch.report import DispatchReport, InvocationOutcome, InvocationRecord
 from gateway.errors import CallingWebhookError, MatchingError
-from gateway.matching import matching_error_status
+from gateway.matching import ConditionInputs, NamespaceLabels, matching_error_status
 from gateway.resilience.modes import ShadowOutcome, denial_warning, patch_warning, shadow_outcome
 from gateway.review import BackendResponse
 
@@ -201,7 +203,8 @@ def _effect(outcome: Outcome, policy: FailurePolicy) -> Effect:
     if isinstance(outcome, Panicked):
         if policy == "Ignore":
             return FAIL_OPEN
-        return Effect(deny=statuses.panicked_status(outcome.at.hook.name, outcome.error))
+        hook = outcome.at.hook
+        return Effect(deny=statuses.panicked_status(hook.name, outcome.error, kind=hook.kind))
     return Effect(deny=matching_error_status(outcome.error))
 
 
@@ -380,6 +383,18 @@ class DispatchSettings:
     equivalents: Mapping[Any, Any] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Matching:
+    """What a driver decides one review's backends with (MAT-*): the candidates (the backends whose
+    rules can match, in order), the namespace labels looked up for them (MAT-12), CEL's inputs
+    (MAT-25, None when no candidate has conditions) and the dispatcher's settings."""
+
+    candidates: Sequence[Candidate]
+    namespace: NamespaceLabels | None
+    inputs: ConditionInputs | None
+    settings: DispatchSettings
+
+
 def settle(
     kind: Kind,
     report: DispatchReport,
@@ -428,9 +443,10 @@ def settle(
         annotations.add_gateway(
             mode_key(kind, ran.round, ran.index), mode_value(ran.configuration, ran.name, ran.mode)
         )
+    deny: Status | None = None
     if refused is not None:  # VAL-01 / MUT-02: answers the review; earlier patches are discarded
-        st = matching_error_status(refused.error)
-        report.allowed, report.denied_by, report.deny_reason = False, refused.hook.name, refused.error.message
+        deny = matching_error_status(refused.error)
+        report.denied_by, report.deny_reason = refused.hook.name, refused.error.message
         error = refused.error
         if error.code == 404 and error.details.get("kind") == "namespaces":
             # MAT-16: the namespace is unknown to the label source; the backend whose selector asked
@@ -440,30 +456,17 @@ def settle(
                 f"{error.message}: the namespace is unknown to the gateway's namespace source "
                 "(file mode: no Namespace object in the configuration); no backend was called"
             )
-        return Verdict(
-            allowed=False,
-            status=st,
-            warnings=warnings.as_list(),
-            audit_annotations=annotations.as_dict(),
-            report=report,
-        )
-    if denials:
+    elif denials:
         if kind == "mutating":  # the chain stopped at its one deny
-            combined = denials[0]
+            deny = denials[0]
         else:
-            combined = statuses.combine_denials(denials, limit=settings.max_denial_message_bytes)
-        report.allowed = False
-        report.deny_reason = combined.message
-        return Verdict(
-            allowed=False,
-            status=combined,
-            warnings=warnings.as_list(),
-            audit_annotations=annotations.as_dict(),
-            report=report,
-        )
+            deny = statuses.combine_denials(denials, limit=settings.max_denial_message_bytes)
+        report.deny_reason = deny.message
+    report.allowed = deny is None
     return Verdict(
-        allowed=True,
-        patch=patch,
+        allowed=deny is None,
+        status=deny,
+        patch=patch if deny is None else None,
         warnings=warnings.as_list(),
         audit_annotations=annotations.as_dict(),
         report=report,

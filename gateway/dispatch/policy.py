@@ -1,4 +1,4 @@
-"""The backend policy the server runs with: shedding, circuit breakers and bulkheads at the dispatch seam.
+"""The backend policy the server runs with: circuit breakers and bulkheads at the dispatch seam.
 
 ``GuardedBackends`` implements ``outcome.BackendPolicy`` over the pure per-backend guards of
 ``gateway.resilience``. It sits at the dispatch seam rather than at the call port because the
@@ -7,9 +7,10 @@ cannot be applied, is a failure of the backend as much as a timeout is, and only
 Denials and allowed replies are answers (a healthy backend); a call cancelled without a result
 says nothing about the backend.
 
-Order of refusals: a shed review refuses every call first (nothing was asked of the backend, so no
-breaker permit or bulkhead slot is taken), then the circuit, then the bulkhead. Each refusal is the
-``CallingWebhookError`` the backend's own failurePolicy then decides.
+Order of refusals: the circuit, then the bulkhead. Each refusal is the ``CallingWebhookError`` the
+backend's own failurePolicy then decides. A review the gateway sheds never gets here: its calls are
+refused before the policy is asked (``gateway.dispatch.invoke``), so no breaker permit or bulkhead
+slot is taken for them.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from gateway.config.backend_policy import BackendMode
 from gateway.config.model import Webhook
 from gateway.dispatch.outcome import UNTRACKED, Admission, CallFailed, Outcome, Panicked, PatchFailed
 from gateway.errors import CallingWebhookError
-from gateway.resilience import BackendGuard, BackendGuards, Pass, Refusal, shed_reason
+from gateway.resilience import BackendGuard, BackendGuards, Pass, Refusal
 
 RefusalListener = Callable[[str, str], None]  # (webhook name, reason)
 
@@ -57,10 +58,6 @@ class GuardedBackends:
         self._on_refused = on_refused
 
     def admit(self, hook: Webhook) -> CallingWebhookError | Admission:
-        if (shed := shed_reason()) is not None:
-            return CallingWebhookError(
-                f"the gateway is overloaded ({shed}); the call was not made", status_code=503, kind="shed"
-            )
         guard = self.guards.for_webhook(hook)
         passed = guard.before_call()
         if isinstance(passed, Refusal):

@@ -14,6 +14,8 @@ from typing import Literal
 
 import msgspec
 
+from gateway.matching import ConditionFacts, MatchDecision
+
 # How one backend invocation ended (MET-02/03/05/06 derive from it).
 InvocationOutcome = Literal[
     "allowed",  # verified reply, allowed (patch applied if any)
@@ -98,6 +100,22 @@ class DispatchReport(msgspec.Struct):
     reinvoked: list[str] = msgspec.field(default_factory=list)
     dropped: list[str] = msgspec.field(default_factory=list)  # dropped annotations / warnings, for logs
     modes: list[ModeRecord] = msgspec.field(default_factory=list)  # backends in Warn or Shadow mode
+
+    def note_conditions(self, name: str, decision: MatchDecision) -> None:
+        """MET-07/MAT-30 facts and MAT-26/29 errors of one backend's match conditions, if it has any."""
+        facts: ConditionFacts | None = getattr(decision, "conditions", None)
+        if facts is None:
+            return
+        failure = (facts.failure,) if facts.failure is not None else ()
+        self.conditions.append(
+            ConditionRecord(
+                name=name,
+                excluded=facts.excluded,
+                evaluation_errors=facts.evaluation_errors,
+                seconds=facts.evaluation_seconds,
+                errors=tuple((e.name, e.message) for e in (*facts.errors, *failure)),
+            )
+        )
 
     @property
     def backend_seconds(self) -> float:

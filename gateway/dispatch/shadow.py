@@ -2,8 +2,8 @@
 
 A backend in ``mode: Shadow`` is called with the same request as the enforcing backends (a
 mutating one with the object as the chain has it at its position), but the review never waits for
-it: the drivers hand the invocation to ``ShadowCalls.start`` and go on. The reply goes out when the
-enforcing backends are done; a shadow call still running then finishes (within its own
+it: ``invoke.Calls.shadow`` hands the invocation to ``ShadowCalls.start`` and goes on. The reply
+goes out when the enforcing backends are done; a shadow call still running then finishes (within its own
 ``timeoutSeconds``) or is cancelled when the server shuts down. Each result is reduced to an
 outcome label and the message it would have given (``outcome.shadow_result``) and handed to the
 listener (metrics and one log line).

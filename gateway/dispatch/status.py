@@ -14,6 +14,7 @@ from typing import Final
 import msgspec
 
 from gateway.admission import NestedTooDeeplyError, Status, StatusCause, StatusDetails, decode_nested
+from gateway.config.fielderrors import go_quote
 
 __all__ = [
     "call_error_status",
@@ -70,12 +71,8 @@ def call_error_status(webhook: str, reason: str) -> Status:
 
 def dry_run_status(webhook: str) -> Status:
     """ERR-04 / FPT-09: a matching backend with side effects in a dry-run review."""
-    return Status(
-        status=FAILURE,
-        code=400,
-        reason="BadRequest",
-        message=f'admission webhook "{webhook}" does not support dry run',
-    )
+    message = f'admission webhook "{webhook}" does not support dry run'
+    return Status(status=FAILURE, code=400, reason="BadRequest", message=message)
 
 
 def patch_failure_status(webhook: str, error: str | BaseException) -> Status:
@@ -106,10 +103,16 @@ def changed_kind_status(
     )
 
 
-def panicked_status(webhook: str, text: str) -> Status:
-    """VAL-06 [GW]: an unexpected exception while handling one validating backend, under ``Fail``."""
-    # upstream: validating dispatcher's recover() turns a panic into this internal error.
-    return _internal_error(f"ValidatingAdmissionWebhook/{webhook} has panicked: {text}")
+def panicked_status(webhook: str, text: str, *, kind: str = "validating") -> Status:
+    """VAL-06 [GW]: an unexpected exception while handling one backend, under ``Fail``.
+
+    ``kind`` names the admission plugin as the apiserver does (``ValidatingAdmissionWebhook``,
+    ``MutatingAdmissionWebhook``).
+    """
+    # upstream: validating dispatcher's recover() turns a panic into this internal error; upstream's
+    # mutating chain has no such recovery (a panic fails the request), the gateway confines it alike.
+    plugin = "MutatingAdmissionWebhook" if kind == "mutating" else "ValidatingAdmissionWebhook"
+    return _internal_error(f"{plugin}/{webhook} has panicked: {text}")
 
 
 def internal_error_status(step: str, error: str | BaseException) -> Status:
@@ -226,40 +229,6 @@ def _media_type(content_type: str) -> str:
     return media_type
 
 
-def _go_quote(text: str) -> str:
-    """Go's ``%q`` of a string (strconv.Quote); invalid UTF-8 arrives as surrogate escapes."""
-    out = ['"']
-    for char in text:
-        code = ord(char)
-        if char in ('"', "\\"):
-            out.append("\\" + char)
-        elif 0xDC80 <= code <= 0xDCFF:  # an undecodable byte (surrogateescape)
-            out.append(f"\\x{code - 0xDC00:02x}")
-        elif char.isprintable():
-            out.append(char)
-        elif char in _GO_ESCAPES:
-            out.append(_GO_ESCAPES[char])
-        elif code < 0x20 or code == 0x7F:
-            out.append(f"\\x{code:02x}")
-        elif code < 0x10000:
-            out.append(f"\\u{code:04x}")
-        else:
-            out.append(f"\\U{code:08x}")
-    out.append('"')
-    return "".join(out)
-
-
-_GO_ESCAPES: Final = {
-    "\a": "\\a",
-    "\b": "\\b",
-    "\f": "\\f",
-    "\n": "\\n",
-    "\r": "\\r",
-    "\t": "\\t",
-    "\v": "\\v",
-}
-
-
 def _failure_status(body: bytes) -> _StatusBody | None:
     """The body as a ``kind: Status`` object with ``status: Failure``, or None (ERR-07 override)."""
     try:
@@ -312,7 +281,7 @@ def _generic_cause(code: int, server_message: str) -> str:
         return fixed if fixed is not None else _printable(server_message)
     if code >= 500:
         return (
-            f"an error on the server ({_go_quote(server_message)}) has prevented the request from succeeding"
+            f"an error on the server ({go_quote(server_message)}) has prevented the request from succeeding"
         )
     return f"the server responded with the status code {code} but did not return more information"
 

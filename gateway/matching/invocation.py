@@ -22,7 +22,7 @@ import msgspec
 
 from gateway.admission import AdmissionAttributes, GroupVersionResource, Status, StatusCause, StatusDetails
 from gateway.config.model import Webhook
-from gateway.config.plan import MatchPlan, PlanSet, is_cluster_scoped
+from gateway.config.plan import Candidate, MatchPlan, PlanSet, is_cluster_scoped
 from gateway.errors import CallingWebhookError, MatchingError
 from gateway.matching.conditions import (
     DEFAULT_TIME_LIMIT_SECONDS,
@@ -205,7 +205,7 @@ def decide_all(
 
 
 def decide_candidates(
-    plans: PlanSet,
+    candidates: Iterable[Candidate],
     attrs: AdmissionAttributes,
     namespace_labels: NamespaceLabels | None,
     *,
@@ -214,7 +214,8 @@ def decide_candidates(
     time_limit_seconds: float = DEFAULT_TIME_LIMIT_SECONDS,
     clock: Clock = time.perf_counter,
 ) -> list[tuple[MatchPlan, MatchDecision]]:
-    """The decisions of the backends whose rules could match, in order; every other one skips.
+    """The decisions of ``candidates`` (``PlanSet.candidates(attrs)``: the backends whose rules could
+    match, in order; every other one skips), sharing the per-review work.
 
     What the validating dispatcher runs: the cost follows the number of candidates, not of backends.
     """
@@ -226,7 +227,7 @@ def decide_candidates(
         time_limit=time_limit_seconds,
         clock=clock,
     )
-    return [(plan, _decide(plan, review, direct)) for plan, direct in plans.candidates(attrs)]
+    return [(plan, _decide(plan, review, direct)) for plan, direct in candidates]
 
 
 def _decide(plan: MatchPlan, review: _Review, direct: bool | None = None) -> MatchDecision:

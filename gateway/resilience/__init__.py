@@ -22,8 +22,6 @@ from gateway.resilience.shedding import (
     Shedder,
     ShedPolicy,
     ShedReason,
-    refusing_calls,
-    shed_reason,
 )
 
 __all__ = [
@@ -45,6 +43,4 @@ __all__ = [
     "Shedder",
     "Transition",
     "backend_key",
-    "refusing_calls",
-    "shed_reason",
 ]

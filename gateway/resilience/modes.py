@@ -1,12 +1,10 @@
-"""Rollout modes (``Enforce | Warn | Shadow``): how a backend's result is used, as pure functions.
+"""Rollout modes (``Enforce | Warn | Shadow``): the texts and labels a mode's result is reported with.
 
-The dispatch outcome layer applies these to each backend's outcome; nothing here knows the
-AdmissionReview. The rule they keep: a mode can only make a backend *less* strict than Enforce.
-
-- Warn: a denial becomes "allowed, with the warning ``<name>: <message>``"; a call error is handled
-  as under failurePolicy Ignore; a patch is not applied, and the warning says what it would change.
-- Shadow: the result is recorded (``shadow_outcome``) and logged, never used; a call error is
-  handled as under Ignore without the fail-open annotation (nothing was enforced to fail open).
+The rule a mode applies to a backend's outcome lives in one place, the dispatch outcome layer
+(``gateway.dispatch.outcome.apply_failure_policy``): a mode can only make a backend *less* strict
+than Enforce. Warn turns a denial into "allowed, with the warning ``<name>: <message>``", handles a
+call error as under failurePolicy Ignore and does not apply a patch; Shadow records the result and
+never uses it. Here, as pure functions: those warnings, and the ``outcome`` label of a Shadow result.
 """
 
 from __future__ import annotations
@@ -14,24 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final, Literal
 
-from gateway.config.backend_policy import BackendMode
-
-FailurePolicy = Literal["Fail", "Ignore"]
 ShadowOutcome = Literal["allowed", "denied", "mutated", "error"]
-SHADOW_OUTCOMES: Final[tuple[ShadowOutcome, ...]] = ("allowed", "denied", "mutated", "error")
 
 _MAX_PATCH_OPS_SHOWN: Final = 5
 _MAX_WARNING_CHARS: Final = 512  # the apiserver truncates longer warnings anyway
-
-
-def enforces(mode: BackendMode) -> bool:
-    """Does the backend's result decide the review?"""
-    return mode == "Enforce"
-
-
-def effective_failure_policy(mode: BackendMode, failure_policy: FailurePolicy) -> FailurePolicy:
-    """Warn and Shadow never fail a review: their call errors are handled as under Ignore."""
-    return failure_policy if mode == "Enforce" else "Ignore"
 
 
 def _bounded(text: str) -> str:

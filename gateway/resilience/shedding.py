@@ -10,16 +10,15 @@ be measured side by side:
   whatever causes it (CPU, a slow backend's bytes, garbage collection).
 
 A shed review is answered at once as if every matched backend had a call error under its own
-failurePolicy (HTTP 200): shedding never produces a decision the backends' policies would not.
+failurePolicy (HTTP 200): shedding never produces a decision the backends' policies would not. The
+server passes the reason (``try_start``'s answer) to dispatch with the review, which refuses each
+of its calls (``gateway.dispatch.invoke``).
 The server feeds lag samples from a probe task (``observe_lag``); this module does no I/O.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
@@ -133,25 +132,3 @@ class Shedder:
         if not slot.finished:
             slot.finished = True
             self.in_flight -= 1
-
-
-# The overload reason of the review being handled, if it is shed. A context variable because the
-# review's backend calls run in tasks dispatch starts, which inherit the handler's context (as the
-# trace context does, gateway/tracing.py); the dispatch's backend policy refuses every call of a
-# shed review at once (gateway/dispatch/policy.py).
-_shed_reason: ContextVar[str | None] = ContextVar("webhook_gateway_shed_reason", default=None)
-
-
-def shed_reason() -> str | None:
-    """Why the review being handled is shed (``in_flight``, ``event_loop_lag``), or None."""
-    return _shed_reason.get()
-
-
-@contextmanager
-def refusing_calls(reason: str) -> Iterator[None]:
-    """Inside, every backend call of this review (and of tasks it starts) is a call error at once."""
-    token = _shed_reason.set(reason)
-    try:
-        yield
-    finally:
-        _shed_reason.reset(token)

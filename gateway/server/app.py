@@ -4,6 +4,11 @@ Reads the body (bounded, TRN-13), decodes the inbound review (REV-01), takes the
 snapshot the review will use from start to end (ORD-04), runs dispatch under the caller's deadline
 (FPT-07) and answers in the caller's version (REV-02). A caller that disconnects cancels its
 review's backend calls. Nothing a client or a backend does can raise out of here.
+
+A plain ASGI application: it imports nothing of the server that runs it. The gateway's server
+tells it that a caller went away through the ``webhook-gateway.disconnect`` scope extension
+(``gateway.server.extensions``, docs/inbound.md); under any other ASGI server a task per review
+reads ``receive`` for ``http.disconnect`` instead.
 """
 
 from __future__ import annotations
@@ -20,11 +25,9 @@ import trio
 from gateway.config.model import Snapshot
 from gateway.dispatch import status as statuses
 from gateway.dispatch.engine import Dispatcher, Verdict
-from gateway.dispatch.report import DispatchReport
 from gateway.errors import BadReview
-from gateway.matching import is_exempt, matching_error_status, not_ready_error
 from gateway.review import InboundReview, decode_inbound, encode_reply, encode_status
-from gateway.server.hypercorn_fixes import RequestQueue
+from gateway.server.extensions import disconnect_signal
 from gateway.server.overload import OverloadGate
 from gateway.server.timeouts import caller_timeout
 from gateway.tracing import start_review_trace
@@ -217,8 +220,8 @@ class GatewayApp:
                 await _respond(send, 400, encode_status(400, "BadRequest", error), _JSON)
                 return
             deadline = arrived + self._budget(scope) - self.settings.deadline_margin_seconds
-            with self.overload.review() if self.overload is not None else nullcontext():
-                verdict = await self._decide(endpoint, inbound, deadline, receive)
+            with self.overload.review() if self.overload is not None else nullcontext() as shed:
+                verdict = await self._decide(endpoint, inbound, deadline, scope, receive, shed=shed)
             if verdict is None:  # the caller went away; nobody is listening
                 code, error = 499, "caller disconnected"
                 return
@@ -283,12 +286,12 @@ class GatewayApp:
             deadline = None if budget is None else arrived + budget - self.settings.deadline_margin_seconds
             crd_name = unquote(path[len(self.settings.convert_prefix) :])
             handled: list[tuple[int, bytes]] = []
-            queue = getattr(receive, "__self__", None)
+            signal = disconnect_signal(scope)
             with trio.CancelScope() as cancel:  # a caller that goes away cancels the backend call
-                if isinstance(queue, RequestQueue):
-                    if queue.disconnected:
+                if signal is not None:
+                    if signal.disconnected:
                         return
-                    queue.on_disconnect = cancel.cancel
+                    signal.on_disconnect = cancel.cancel
                 try:
                     handled.append(
                         await self.conversions.handle(
@@ -296,8 +299,8 @@ class GatewayApp:
                         )
                     )
                 finally:
-                    if isinstance(queue, RequestQueue):
-                        queue.on_disconnect = None
+                    if signal is not None:
+                        signal.on_disconnect = None
             if handled:
                 await _respond(send, handled[0][0], handled[0][1], _JSON)
         finally:
@@ -331,21 +334,31 @@ class GatewayApp:
                 return b"".join(chunks) if len(chunks) != 1 else chunks[0]
 
     async def _decide(
-        self, endpoint: str, inbound: InboundReview, deadline: float, receive: Receive
+        self,
+        endpoint: str,
+        inbound: InboundReview,
+        deadline: float,
+        scope: Scope,
+        receive: Receive,
+        *,
+        shed: str | None,
     ) -> Verdict | None:
-        """Run dispatch while watching for the caller going away (then cancel everything)."""
-        queue = getattr(receive, "__self__", None)
-        if isinstance(queue, RequestQueue):
-            # hypercorn (patched) tells the queue when the caller goes away: cancel through a
-            # callback instead of a watcher task and a nursery per review (~50 µs).
-            if queue.disconnected:
+        """Run dispatch while watching for the caller going away (then cancel everything).
+
+        ``shed``: the overload gate's reason to refuse every backend call of this review, or None.
+        """
+        signal = disconnect_signal(scope)
+        if signal is not None:
+            # The gateway's server says when the caller goes away (gateway.server.extensions):
+            # cancel through a callback instead of a watcher task and a nursery per review (~50 µs).
+            if signal.disconnected:
                 return None
-            with trio.CancelScope() as scope:
-                queue.on_disconnect = scope.cancel
+            with trio.CancelScope() as cancel:
+                signal.on_disconnect = cancel.cancel
                 try:
-                    return await self._decide_now(endpoint, inbound, deadline)
+                    return await self._decide_now(endpoint, inbound, deadline, shed)
                 finally:
-                    queue.on_disconnect = None
+                    signal.on_disconnect = None
             return None
         # Any other ASGI server: a task reads ``receive`` until it says the caller went away.
         result: list[Verdict] = []
@@ -357,30 +370,24 @@ class GatewayApp:
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch_disconnect, nursery.cancel_scope)
-            result.append(await self._decide_now(endpoint, inbound, deadline))
+            result.append(await self._decide_now(endpoint, inbound, deadline, shed))
             nursery.cancel_scope.cancel()
         return result[0] if result else None
 
-    async def _decide_now(self, endpoint: str, inbound: InboundReview, deadline: float) -> Verdict:
-        attrs = inbound.attributes
-        report = DispatchReport(kind=endpoint, operation=attrs.operation)  # type: ignore[arg-type]
-        if is_exempt(attrs, exclude_virtual_resources=self.dispatcher.settings.exclude_virtual_resources):
-            return Verdict(allowed=True, report=report)  # MAT-31/32 before readiness (MAT-33)
-        if not await self._wait_ready(deadline):
-            st = matching_error_status(not_ready_error(attrs))
-            report.allowed, report.deny_reason, report.denied_by = False, st.message, "not-ready"
-            return Verdict(allowed=False, status=st, report=report)
-        snapshot = self.snapshot()
-        assert snapshot is not None  # ready implies a snapshot
-        try:
-            if endpoint == "validating":
-                return await self.dispatcher.validate(inbound, snapshot, deadline=deadline)
-            return await self.dispatcher.mutate(inbound, snapshot, deadline=deadline)
-        except Exception as exc:
-            log.exception("dispatch failed", uid=inbound.uid, endpoint=endpoint)
-            st = statuses.internal_error_status(f"{endpoint} dispatch", str(exc) or type(exc).__name__)
-            report.allowed, report.deny_reason, report.denied_by = False, st.message, "gateway"
-            return Verdict(allowed=False, status=st, report=report)
+    async def _decide_now(
+        self, endpoint: str, inbound: InboundReview, deadline: float, shed: str | None
+    ) -> Verdict:
+        return await self.dispatcher.decide(
+            endpoint,  # type: ignore[arg-type]
+            inbound,
+            self._ready_snapshot,
+            deadline=deadline,
+            shed=shed,
+        )
+
+    async def _ready_snapshot(self, deadline: float) -> Snapshot | None:
+        """The snapshot to decide with once the gateway is ready (MAT-33), or None if not by then."""
+        return self.snapshot() if await self._wait_ready(deadline) else None
 
     async def _wait_ready(self, deadline: float) -> bool:
         """MAT-33: wait (polling every 100 ms) up to min(10 s, budget) for readiness."""

@@ -16,7 +16,7 @@ and bytes after the body (a pipelined request). A reply is framed only with exac
 ``Content-Length`` that is its body's length, and comes out byte for byte as h11 would write it.
 tests/test_server_http11_fast.py checks both against h11 itself, on tables and on generated input.
 
-Sans-IO: no sockets, no trio; ``GatewayH11Protocol`` (hypercorn_fixes.py) drives it.
+Sans-IO: no sockets, no trio; ``GatewayH11Protocol`` (``gateway.server.hypercorn.http11``) drives it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from typing import Final, NamedTuple
 
-from h11._abnf import header_field, request_line  # the grammar h11 matches heads against
+from gateway.wire.h11_private import header_field, request_line  # h11's grammar (version-checked)
 
 Header = tuple[bytes, bytes]
 

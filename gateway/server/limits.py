@@ -120,7 +120,7 @@ class NullEvents:
 
 
 class Connection(Protocol):
-    """What the runtime needs from one open connection (``hypercorn_fixes.GatewayTCPServer``)."""
+    """What the runtime needs from one open connection (``gateway.server.hypercorn.tcp_server``)."""
 
     def poke(self) -> None: ...
 
@@ -136,7 +136,7 @@ class InboundRuntime:
     terminating: bool = False
     connections: set[Any] = field(default_factory=set)
     # Requests whose app has been started and not yet ended, on every connection of the listener:
-    # zero means the gateway is otherwise idle (hypercorn_fixes runs the next app inline then).
+    # zero means the gateway is otherwise idle (the HTTP/1.1 protocol runs the next app inline then).
     requests_in_flight: int = 0
     last_request_at: float = -math.inf  # trio time the last plain HTTP/1.1 request was read
     _accept_log_at: float = -math.inf

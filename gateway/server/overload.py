@@ -1,10 +1,11 @@
 """Overload shedding at the review entrance, and the event-loop lag probe that feeds it.
 
-``OverloadGate.review()`` wraps the deciding of one review. When the ``Shedder`` says the gateway
-cannot start it in time, the review is still decided, but with every backend call refused at once
-(``resilience.refusing_calls``, read by the dispatch's backend policy): each matched backend has
-a call error under its own failurePolicy, and the caller gets HTTP 200 with that decision, never
-a 5xx (which would apply the gateway registration's policy to every backend at once).
+``OverloadGate.review()`` wraps the deciding of one review and yields the shed decision. When the
+``Shedder`` says the gateway cannot start it in time, the review is still decided, but the server
+passes the reason to dispatch (``Dispatcher.decide(..., shed=reason)``), which refuses every
+backend call at once: each matched backend has a call error under its own failurePolicy, and the
+caller gets HTTP 200 with that decision, never a 5xx (which would apply the gateway registration's
+policy to every backend at once).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from contextlib import contextmanager
 
 import trio
 
-from gateway.resilience import ReviewSlot, Shedder, ShedPolicy, refusing_calls
+from gateway.resilience import ReviewSlot, Shedder, ShedPolicy
 
 
 class OverloadGate:
@@ -37,8 +38,7 @@ class OverloadGate:
             return
         if self._on_shed is not None:
             self._on_shed(decision)
-        with refusing_calls(decision):
-            yield decision
+        yield decision
 
     async def run_lag_probe(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Sleep ``lag_probe_interval`` over and over; how late each wake-up is, is the loop's lag."""

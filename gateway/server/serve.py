@@ -1,19 +1,18 @@
-"""The composition root: load configuration, open the client pool, serve with hypercorn, drain.
+"""The composition root: load configuration, open the client pool, serve, drain.
 
 Everything long-lived is owned by one nursery: the backend client pool (and its HTTP/2 reader
 tasks), the configuration and certificate watchers, the namespace label source and the HTTP
-server(s). SIGTERM turns /readyz to 503 at once, keeps serving for ``--drain-seconds`` (endpoints
-take time to be removed), then stops accepting and lets in-flight reviews finish.
+server(s) (``gateway.server.hypercorn``). SIGTERM turns /readyz to 503 at once, keeps serving for
+``--drain-seconds`` (endpoints take time to be removed), then stops accepting and lets in-flight
+reviews finish.
 """
 
 from __future__ import annotations
 
 import errno
 import gc
-import logging
 import signal
 import ssl
-import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -22,22 +21,22 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 import trio
-from hypercorn.config import Config as HypercornConfig
 
 from gateway.config.load import load_directory
 from gateway.config.model import Snapshot
 from gateway.dispatch.engine import Dispatcher, DispatchSettings
 from gateway.dispatch.ports import NamespaceNotFoundError
 from gateway.errors import ConfigError, ConfigProblem, ListenError
-from gateway.server import hypercorn_fixes
 from gateway.server.app import GatewayApp, Readiness, ServerSettings
+from gateway.server.hypercorn.config import GatewayConfig, server_config
+from gateway.server.hypercorn.listener import serve_inbound
+from gateway.server.hypercorn.version import check_versions
 from gateway.server.limits import (
     InboundLimits,
     InboundRuntime,
     connection_bound,
     raise_nofile_limit,
 )
-from gateway.server.listener import serve_inbound
 from gateway.settings import ServeSettings
 from gateway.wire.tls import server_context
 
@@ -74,59 +73,6 @@ class ReloadableTLS:
         return self.context
 
 
-class _HypercornConfig(HypercornConfig):
-    """hypercorn's Config, with the listener's inbound runtime (limits, open connections)."""
-
-    tls: ReloadableTLS | None = None
-    inbound: InboundRuntime | None = None
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._response_headers: dict[str, tuple[int, list[tuple[bytes, bytes]]]] = {}
-
-    def create_ssl_context(self) -> ssl.SSLContext | None:
-        return self.tls.context if self.tls is not None else None
-
-    def response_headers(self, protocol: str) -> list[tuple[bytes, bytes]]:
-        # Speed: hypercorn formats the Date header anew for every response (~6 µs); it changes once
-        # a second, so the whole header list is kept per protocol for the second it was made in.
-        second = int(time.time())
-        cached = self._response_headers.get(protocol)
-        if cached is None or cached[0] != second:
-            cached = (second, super().response_headers(protocol))
-            self._response_headers[protocol] = cached
-        return list(cached[1])
-
-    @property
-    def ssl_enabled(self) -> bool:
-        return self.tls is not None
-
-
-def hypercorn_config(
-    bind: str,
-    *,
-    tls: ReloadableTLS | None,
-    shutdown_timeout: float,
-    runtime: InboundRuntime | None = None,
-) -> HypercornConfig:
-    """Tuned for long-lived apiserver connections (docs/performance.md, docs/inbound.md)."""
-    cfg = _HypercornConfig()
-    cfg.tls = tls
-    cfg.inbound = runtime or InboundRuntime()
-    cfg.bind = [bind]
-    cfg.accesslog = None  # the canonical review line is the access log
-    cfg.errorlog = logging.getLogger("hypercorn.error")  # through our log pipeline, once
-    # hypercorn closes a connection after 1,000 requests by default (for HTTP/2 too); kube-apiserver
-    # keeps connections for a long time, and reconnecting costs a TLS handshake per 1,000 reviews.
-    cfg.keep_alive_max_requests = 2**31
-    cfg.keep_alive_timeout = cfg.inbound.limits.idle_timeout  # > the apiserver's 90 s idle timeout
-    cfg.h2_max_concurrent_streams = 250
-    cfg.ssl_handshake_timeout = cfg.inbound.limits.header_timeout
-    cfg.graceful_timeout = shutdown_timeout
-    cfg.backlog = 1024
-    return cfg
-
-
 @dataclass
 class Running:
     """What the started server reports to ``nursery.start`` callers (tests, demo)."""
@@ -159,7 +105,7 @@ async def serve(
     from gateway.transport.credentials import CredentialStore
     from gateway.transport.pool import ClientPool
 
-    hypercorn_fixes.install()
+    check_versions()  # hypercorn's and h11's internals are used: only verified releases run
     strict = bool(options.strict_https)
     nofile = raise_nofile_limit()  # as Go programs do: the hard limit is what the operator allows
 
@@ -305,7 +251,7 @@ async def serve(
             nursery.start_soon(_wait_for_signal, shutdown_requested)
         # The HTTP servers get their own nursery: it closes only when hypercorn has drained them.
         async with trio.open_nursery() as servers:
-            main_cfg = hypercorn_config(
+            main_cfg = server_config(
                 options.bind, tls=tls, shutdown_timeout=options.shutdown_timeout, runtime=runtime
             )
             urls: list[str] = await servers.start(
@@ -313,7 +259,7 @@ async def serve(
             )
             metrics_urls: list[str] = []
             if options.metrics_bind:
-                metrics_cfg = hypercorn_config(options.metrics_bind, tls=None, shutdown_timeout=1.0)
+                metrics_cfg = server_config(options.metrics_bind, tls=None, shutdown_timeout=1.0)
                 metrics_urls = await servers.start(
                     _serve_app, _MetricsOnly(app), metrics_cfg, None, stop_serving.wait
                 )
@@ -373,7 +319,7 @@ _LISTEN_ERRORS = (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL)
 
 async def _serve_app(
     app: Any,
-    cfg: HypercornConfig,
+    cfg: GatewayConfig,
     tls_context: Callable[[], ssl.SSLContext] | None,
     shutdown_trigger: Callable[[], Awaitable[Any]],
     *,

@@ -29,7 +29,7 @@ import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Final, NamedTuple, Protocol
+from typing import Final, NamedTuple, Protocol, TypedDict, Unpack
 
 from gateway.resilience.cells import Cell, CellStore, LocalCell
 from gateway.transport.resolve import Target
@@ -206,26 +206,24 @@ def _connected(word: EjectionWord) -> tuple[EjectionWord, None]:
     return word._replace(connect_failures=0), None
 
 
+class PickerSettings(TypedDict, total=False):
+    """How every service's picker chooses and ejects (``EndpointPicker``'s keywords); ``cells``:
+    where the endpoints' ejection state is shared with other processes (``--workers``)."""
+
+    rng: random.Random | None
+    eject_after: int
+    eject_seconds: float
+    cells: CellStore[EjectionWord] | None
+
+
 class EndpointRouter:
-    """Pickers per service; ``route`` a resolved service ``Target`` to one of its pods.
+    """Pickers per service, all made with the same ``PickerSettings``; ``route`` a resolved service
+    ``Target`` to one of its pods."""
 
-    ``cells``: where the endpoints' ejection state is shared with other processes (``--workers``).
-    """
-
-    def __init__(
-        self,
-        clock: Clock,
-        *,
-        rng: random.Random | None = None,
-        eject_after: int = DEFAULT_EJECT_AFTER,
-        eject_seconds: float = DEFAULT_EJECT_SECONDS,
-        cells: CellStore[EjectionWord] | None = None,
-    ) -> None:
-        self._clock = clock
-        self._rng = rng or random.Random()  # noqa: S311 - load balancing, not security
-        self._eject_after = eject_after
-        self._eject_seconds = eject_seconds
-        self._cells = cells
+    def __init__(self, clock: Clock, **settings: Unpack[PickerSettings]) -> None:
+        if settings.get("rng") is None:  # one generator for every picker
+            settings["rng"] = random.Random()  # noqa: S311 - load balancing, not security
+        self._new_picker = partial(EndpointPicker, clock, **settings)
         self.pickers: dict[ServiceKey, EndpointPicker] = {}
 
     def update(self, service: ServiceKey, endpoints: Iterable[EndpointInfo] | None) -> None:
@@ -238,14 +236,7 @@ class EndpointRouter:
             return
         picker = self.pickers.get(key)
         if picker is None:
-            picker = self.pickers[key] = EndpointPicker(
-                self._clock,
-                rng=self._rng,
-                eject_after=self._eject_after,
-                eject_seconds=self._eject_seconds,
-                cells=self._cells,
-                service=key,
-            )
+            picker = self.pickers[key] = self._new_picker(service=key)
         picker.update(endpoints)
 
     def route(self, service: ServiceKey, target: Target) -> Lease | None:

@@ -23,7 +23,7 @@ import re
 from collections.abc import Sequence
 from typing import Final, NamedTuple
 
-from h11._abnf import field_name, field_value, header_field, request_target, status_line
+from gateway.wire.h11_private import field_name, field_value, header_field, request_target, status_line
 
 Header = tuple[bytes, bytes]
 

@@ -25,14 +25,12 @@ ENHANCE_YOUR_CALM = 0xB
 
 
 async def serve_asgi(nursery: trio.Nursery, app: Any, **settings: Any) -> tuple[int, trio.Event]:
-    """``app`` served by hypercorn with the gateway's patches on 127.0.0.1 (hypercorn's own ``serve``
-    and a plain ``Config`` with ``settings``); its port, and the event that stops it."""
+    """``app`` served by the gateway's server (``gateway.server.hypercorn``) on 127.0.0.1, with a
+    plain hypercorn ``Config`` set to ``settings``; its port, and the event that stops it."""
     from hypercorn.config import Config
-    from hypercorn.trio import serve as hypercorn_serve
 
-    from gateway.server import hypercorn_fixes
+    from gateway.server.hypercorn.listener import serve_inbound
 
-    hypercorn_fixes.install()
     cfg = Config()
     cfg.bind = ["127.0.0.1:0"]
     cfg.accesslog = None
@@ -40,8 +38,10 @@ async def serve_asgi(nursery: trio.Nursery, app: Any, **settings: Any) -> tuple[
         setattr(cfg, name, value)
     stop = trio.Event()
     urls: list[str] = await nursery.start(
-        lambda task_status: hypercorn_serve(app, cfg, shutdown_trigger=stop.wait, task_status=task_status)
-    )  # type: ignore[arg-type]
+        lambda task_status: serve_inbound(
+            app, cfg, tls_context=None, shutdown_trigger=stop.wait, task_status=task_status
+        )
+    )
     return int(urls[0].rsplit(":", 1)[1]), stop
 
 

@@ -1,15 +1,22 @@
-"""The accept loop in front of hypercorn's per-connection servers (``hypercorn_fixes.GatewayTCPServer``).
+"""``serve_inbound`` replaces hypercorn's ``worker_serve`` (its trio accept loop) in front of the
+gateway's per-connection servers (``GatewayTCPServer``). It is this package's entry point.
 
 hypercorn's ``worker_serve`` accepts with ``trio.serve_listeners``, which logs every failed
 ``accept`` with a traceback and knows no connection bound, and it captures one SSLContext for the
-listener's lifetime. This loop, a few lines of glue around hypercorn's own classes:
+listener's lifetime. Reasons for this loop:
 
-- refuses a connection beyond ``InboundRuntime.max_connections`` at once (counted);
-- on EMFILE/ENFILE/ENOMEM/ENOBUFS backs off (10 ms doubling to 1 s) with one rate-limited log
-  line and no traceback, while the connections it has keep being served;
-- wraps each accepted socket in TLS with the *current* context of ``tls_context()``, so a rotated
-  certificate is used by the next handshake and a broken one never is (serve.ReloadableTLS); the
-  TLS stream is the gateway's own (``gateway.wire.tls_stream``), about half the CPU of trio's.
+- **Limit.** A connection beyond ``InboundRuntime.max_connections`` is refused at once (counted,
+  reset so that it costs no TIME_WAIT here); new limits on accepting belong here.
+- **Crash fix.** On EMFILE/ENFILE/ENOMEM/ENOBUFS it backs off (10 ms doubling to 1 s) with one
+  rate-limited log line and no traceback, while the connections it has keep being served.
+- **Certificate rotation.** Each accepted socket is wrapped in TLS with the *current* context of
+  ``tls_context()``, so a rotated certificate is used by the next handshake and a broken one never
+  is (``serve.ReloadableTLS``).
+- **Measured speed.** The TLS stream is the gateway's own (``gateway.wire.tls_stream``), about half
+  the CPU of trio's per round trip (docs/performance.md).
+
+Byte-level tests: tests/test_server_inbound.py (the connection bound, descriptor exhaustion,
+certificate rotation, draining and termination over real sockets).
 """
 
 from __future__ import annotations
@@ -29,7 +36,8 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import repr_socket_addr
 
-from gateway.server.hypercorn_fixes import GatewayTCPServer, runtime_of
+from gateway.server.hypercorn.config import runtime_of
+from gateway.server.hypercorn.tcp_server import GatewayTCPServer
 from gateway.server.limits import ACCEPT_CAPACITY_ERRNOS, InboundRuntime
 from gateway.wire.tls_stream import TLSSocketStream
 

@@ -1,0 +1,325 @@
+"""``GatewayH11Protocol`` replaces hypercorn's ``H11Protocol`` (HTTP/1.1 on one connection).
+
+Reasons, all **measured speed** except the last (docs/performance.md has the numbers; each is per
+inbound request):
+
+- **The fast path.** A plain request (``gateway.server.http11_fast``: the shape kube-apiserver
+  sends) that starts a read on an idle connection is parsed without h11, and its reply, when the
+  app sends it whole with its length, is framed without h11 too: one request/response cycle h11
+  50 µs → 7 µs; ``passthrough`` A/B 566 → 452 µs (the "HTTP/1.1 fast path" row).
+- **The app inline.** On an otherwise idle gateway, the app of a plain request whose body came with
+  its head runs at once in the task that read it (``GatewayTCPServer.hand_over_reading``): no task
+  is started for it. A busy gateway starts a task per request, so that the replies of the requests
+  read in one pass of the run loop go out together.
+- **One write per reply.** A response head is written together with its body (one TLS record, one
+  ``send``), and the empty write at the end of a Content-Length message is skipped (−32 µs).
+- **Draining (a limit).** While the listener drains, every response carries ``Connection: close``
+  so that callers move to another replica.
+
+Nothing here changes what goes over the wire beyond how the same bytes are split into writes.
+
+Byte-level tests: tests/test_server_http11.py (every reply shape, pipelining, keep-alive limits,
+compared with plain hypercorn over real sockets) and tests/test_server_http11_fast.py (the fast
+path's parsing and framing against h11 itself).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Final
+
+import h11
+import trio
+from hypercorn.events import Closed, RawData, Updated
+from hypercorn.protocol.events import Body, Data, EndBody, Response, StreamClosed
+from hypercorn.protocol.h11 import STREAM_ID, H11Protocol
+
+from gateway.server.http11_fast import PlainRequest, closes, frame_reply, parse_plain_request
+from gateway.server.hypercorn.config import runtime_of
+from gateway.server.hypercorn.http_stream import GatewayHTTPStream
+from gateway.wire.h11_private import Headers as H11Headers
+
+__all__ = ["GatewayH11Protocol"]
+
+# Requests read closer together than this mean a busy gateway: their apps get tasks of their own.
+# One review at a time arrives every ~0.75 ms here; a saturated gateway reads one every ~0.15 ms.
+_BUSY_GAP: Final = 0.0005
+
+# h11 events are immutable: one end-of-message event serves every response.
+_END_OF_MESSAGE: Final = h11.EndOfMessage()
+
+
+class _FastExchange:
+    """A request/response exchange on the fast path (``http11_fast``): what h11 has not seen."""
+
+    __slots__ = ("body_left", "closing", "head", "length", "replied")
+
+    def __init__(self, head: bytes, length: int, body_left: int) -> None:
+        self.head = head  # the request head's bytes, for handing the exchange to h11
+        self.length = length  # the body's Content-Length
+        self.body_left = body_left
+        self.replied = False  # the whole reply went out on the fast path
+        self.closing = False  # ... with Connection: close, or before the request body was in
+
+
+class GatewayH11Protocol(H11Protocol):
+    """HTTP/1.1 with the per-request work cut.
+
+    - **The fast path.** A plain request (``http11_fast``: the shape kube-apiserver sends) that
+      starts a read on an idle connection is parsed without h11, and its reply, when the app sends
+      it whole with its length, is framed without h11 too; h11 stays idle throughout. Whatever
+      else happens in such an exchange (a streamed reply, an error reply, a pipelined request)
+      first hands it to h11 (``_to_h11``: h11 is given the head and the body's length, as if it
+      had read them) and continues on the ordinary path below.
+    - **The ordinary path.** The request head is looked at once (hypercorn walks the headers
+      twice, for an upgrade and for a WebSocket), and an ordinary request goes straight to a
+      ``GatewayHTTPStream``; upgrades (h2c, WebSocket) and the HTTP/2 preface take hypercorn's own
+      path. A body that arrives whole reaches the app as one message instead of a chunk and an
+      empty end. A response the app sends whole leaves as one write (``finish_response``); the head
+      goes out with the first body bytes in every other case too.
+
+    While the server drains, every response carries ``Connection: close`` so that callers move to
+    another replica.
+    """
+
+    _held = b""
+    _exchange: _FastExchange | None = None
+    _gone = False  # a fast exchange closed the connection
+
+    async def handle(self, event: Any) -> None:
+        if type(event) is RawData:
+            if self._gone:  # the connection is closing: what the client still sends is not read
+                return
+            exchange = self._exchange
+            if exchange is not None:
+                await self._fast_data(exchange, event.data)
+                return
+            if self._fast_ready():
+                request = parse_plain_request(event.data)
+                if request is not None:
+                    await self._fast_request(request, event.data)
+                    return
+        await super().handle(event)
+
+    def _fast_ready(self) -> bool:
+        """True when h11 is idle with nothing buffered: the next bytes start a new request."""
+        connection = self.connection
+        return (
+            self.stream is None
+            and type(connection) is h11.Connection
+            and connection.our_state is h11.IDLE
+            and connection.their_state is h11.IDLE
+            and not connection._receive_buffer  # private to h11: its release is checked (wire.releases)
+        )
+
+    async def _fast_request(self, request: PlainRequest, data: bytes) -> None:
+        body = request.body
+        self._exchange = _FastExchange(
+            data[: len(data) - len(body)], len(body) + request.body_left, request.body_left
+        )
+        await self.send(Updated(idle=False))
+        stream = GatewayHTTPStream(self)
+        self.stream = stream
+        headers = request.headers
+        scope_headers = request.raw_headers if self.config.h11_pass_raw_headers else headers
+        whole = request.body_left == 0
+        # The app runs in this task when the gateway is otherwise idle (no request in flight, none
+        # read in the last _BUSY_GAP): a task of its own would then cost a pass of the run loop
+        # before the review starts, for nothing. A busy gateway starts a task per request as before:
+        # this task reads on, and the replies of the requests read together go out together (one
+        # wake-up of each caller for several instead of one per reply).
+        runtime = runtime_of(self.config)
+        now = trio.current_time()
+        inline = whole and runtime.requests_in_flight == 0 and now - runtime.last_request_at > _BUSY_GAP
+        runtime.last_request_at = now
+        await stream.start(request.method, request.target, b"1.1", headers, scope_headers, inline=inline)
+        self.keep_alive_requests += 1
+        await self.context.mark_request()
+        await stream.body(body, end=whole)
+        if inline:
+            await self.task_group.run_inline()  # type: ignore[attr-defined]
+
+    async def _fast_data(self, exchange: _FastExchange, data: bytes) -> None:
+        """More bytes during a fast exchange: the rest of its body, then perhaps a next request."""
+        take = min(len(data), exchange.body_left)
+        if take:
+            exchange.body_left -= take
+            await self._pass_body(data if take == len(data) else data[:take], end=exchange.body_left == 0)
+        if take == len(data):
+            return
+        # A next request before this exchange ended (pipelining): like h11 (PAUSED), read nothing
+        # more until the reply is out, then take the request as if it had just arrived.
+        await self.can_read.clear()
+        await self.can_read.wait()
+        if not self._gone:
+            await self.handle(RawData(data=data[take:]))
+
+    def _to_h11(self, exchange: _FastExchange) -> None:
+        """Hand a fast exchange to h11 (before its reply): h11 reads the head and the body so far.
+
+        The body's bytes are stood in for by zeros: for a Content-Length body h11 only counts them,
+        and the app has the real ones already.
+        """
+        self._exchange = None
+        connection = self.connection
+        connection.receive_data(exchange.head + bytes(exchange.length - exchange.body_left))
+        while connection.next_event() not in (h11.NEED_DATA, h11.PAUSED):
+            pass
+
+    async def _fast_recycle(self, exchange: _FastExchange) -> None:
+        """The fast exchange's reply is out and its stream closed: keep the connection or end it."""
+        self._exchange = None
+        await self._close_stream()
+        if exchange.closing or self.context.terminated.is_set():
+            self._gone = True
+            await self.can_read.set()
+            await self.send(Closed())
+        else:
+            self.response = None
+            self.scope = None
+            await self.can_read.set()
+            await self.send(Updated(idle=True))
+
+    async def _handle_events(self) -> None:
+        connection = self.connection
+        pending: bytes | None = None  # a body chunk held back: is the end of the body next?
+        while True:
+            if connection.they_are_waiting_for_100_continue:
+                await self._send_h11_event(
+                    h11.InformationalResponse(status_code=100, headers=self.config.response_headers("h11"))
+                )
+            try:
+                event = connection.next_event()
+            except h11.RemoteProtocolError as error:
+                if pending is not None:
+                    await self._pass_body(pending, end=False)
+                if connection.our_state in {h11.IDLE, h11.SEND_RESPONSE}:
+                    await self._send_error_response(error.error_status_hint)
+                await self.send(Closed())
+                break
+            kind = type(event)
+            if kind is h11.Data:
+                if pending is not None:
+                    await self._pass_body(pending, end=False)
+                pending = bytes(event.data)  # type: ignore[union-attr]
+                continue
+            if pending is not None:
+                ended, body, pending = kind is h11.EndOfMessage, pending, None
+                await self._pass_body(body, end=ended)
+                if ended:
+                    continue
+            if isinstance(event, h11.Request):
+                await self.send(Updated(idle=False))
+                stream = self._ordinary_stream(event)
+                if stream is None:  # an upgrade or the HTTP/2 preface: hypercorn's own path
+                    await self._check_protocol(event)
+                    await self._create_stream(event)
+                else:
+                    self.stream = stream
+                    headers = event.headers
+                    raw = self.config.h11_pass_raw_headers
+                    await stream.start(
+                        event.method,
+                        event.target,
+                        event.http_version,
+                        headers,
+                        headers.raw_items() if raw else list(headers),
+                    )
+                    self.keep_alive_requests += 1
+                    await self.context.mark_request()
+            elif event is h11.PAUSED:
+                await self.can_read.clear()
+                await self.can_read.wait()
+            elif kind is h11.ConnectionClosed or event is h11.NEED_DATA or self.stream is None:
+                break
+            elif kind is h11.EndOfMessage:
+                await self.stream.handle(EndBody(stream_id=STREAM_ID))
+            elif isinstance(event, Data):  # WebSocket pass-through
+                await self.stream.handle(event)
+
+    async def _pass_body(self, data: bytes, *, end: bool) -> None:
+        stream = self.stream
+        if isinstance(stream, GatewayHTTPStream):
+            await stream.body(data, end=end)
+        elif stream is not None:
+            await stream.handle(Body(stream_id=STREAM_ID, data=data))
+            if end:
+                await stream.handle(EndBody(stream_id=STREAM_ID))
+
+    def _ordinary_stream(self, request: h11.Request) -> GatewayHTTPStream | None:
+        """A stream for a plain request; None when hypercorn must look at it (upgrade, preface)."""
+        if request.method == b"PRI":
+            return None
+        for name, _value in request.headers:  # h11 lower-cases names
+            if name == b"upgrade":
+                return None
+        return GatewayHTTPStream(self)
+
+    async def finish_response(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """Head, body and end of one whole response in one write (h11 frames and checks them).
+
+        The app's headers are used as given (hypercorn would strip and re-validate them): the
+        gateway's app sends only constant, well-formed ones.
+        """
+        config = self.config
+        if runtime_of(config).draining:
+            headers = [*headers, (b"connection", b"close")]
+        headers = [*headers, *config.response_headers("h11")]
+        if self.keep_alive_requests >= config.keep_alive_max_requests:
+            headers.append((b"connection", b"close"))
+        exchange = self._exchange
+        if exchange is not None:
+            data = frame_reply(status, headers, body)
+            if data is not None:
+                exchange.replied = True
+                exchange.closing = exchange.body_left > 0 or closes(headers)
+                await self.send(RawData(data=data))
+                return
+            self._to_h11(exchange)
+        connection = self.connection
+        # h11's own header list, built directly: the app's names are lower-case already and its
+        # Content-Length is its body's length, so h11's normalising pass would only repeat work.
+        fields = H11Headers([(name, name.lower(), value) for name, value in headers])
+        try:
+            data = connection.send(h11.Response(headers=fields, status_code=status, _parsed=True))
+            if body:
+                data += connection.send(h11.Data(data=body))
+            data += connection.send(_END_OF_MESSAGE)
+        except h11.LocalProtocolError:
+            if connection.their_state != h11.ERROR:
+                raise
+            return
+        await self.send(RawData(data=data))
+
+    async def _send_h11_event(self, event: Any) -> None:
+        if self._exchange is not None:  # an error reply (hypercorn's own) during a fast exchange
+            self._to_h11(self._exchange)
+        try:
+            data = self.connection.send(event)
+        except h11.LocalProtocolError:
+            if self.connection.their_state != h11.ERROR:
+                raise
+            return
+        if type(event) is h11.Response:  # a final response head (1xx are InformationalResponse)
+            self._held = data
+            return
+        if self._held:
+            data = self._held + data
+            self._held = b""
+        if data:  # the end of a Content-Length message is no bytes at all
+            await self.send(RawData(data=data))
+
+    async def stream_send(self, event: Any) -> None:
+        exchange = self._exchange
+        if exchange is not None:
+            if exchange.replied:  # nothing follows a whole reply but the stream's end
+                if isinstance(event, StreamClosed):
+                    await self._fast_recycle(exchange)
+                return
+            self._to_h11(exchange)  # a reply the app streams, hypercorn's 500, or none at all
+        if self._held and isinstance(event, StreamClosed):  # an app that never sent its body
+            data, self._held = self._held, b""
+            await self.send(RawData(data=data))
+        elif type(event) is Response and event.status_code >= 200 and runtime_of(self.config).draining:
+            event = dataclasses.replace(event, headers=[*event.headers, (b"connection", b"close")])
+        await super().stream_send(event)

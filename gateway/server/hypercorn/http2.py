@@ -1,0 +1,118 @@
+"""``GuardedH2Protocol`` replaces hypercorn's ``H2Protocol`` (HTTP/2 on one connection).
+
+Reasons:
+
+- **Crash fix: data for a closed stream.** ``H2Protocol._handle_events`` looks streams up with
+  ``self.streams[stream_id]`` for DATA frames. When an earlier event of the same batch closed the
+  stream (RST_STREAM, then DATA for it), the lookup raises ``KeyError``, which escapes the
+  connection's task group. Data for streams that are gone is dropped here (keeping the connection
+  window).
+- **Crash fix: early GOAWAY** (pgjones/hypercorn#226). When the server is terminating, the last
+  stream to close makes ``H2Protocol`` send GOAWAY, which can happen before the END_STREAM of that
+  stream's reply is written (the reply then ends with a protocol error for the caller). A stream
+  reports itself closed only once its reply has left the send buffer.
+- **Limits.** The control-frame budget (SETTINGS, PING, RST_STREAM, WINDOW_UPDATE, ... floods:
+  GOAWAY ENHANCE_YOUR_CALM; ``gateway.server.limits.ControlFrameBudget``), and h2's memory of
+  closed streams bounded per connection (``gateway.wire.H2_CLOSED_STREAMS_REMEMBERED``).
+- Each stream is built with a ``StreamTaskGroup`` that knows its stream id, so that its request
+  gets the body deadline (which resets this stream) and the write deadline of HTTP/2 replies.
+
+Byte-level tests: tests/test_server_inbound.py (scripted client frames over real sockets and
+against the protocol itself: RST_STREAM then DATA, GOAWAY while draining, control-frame floods,
+slow bodies and zero windows).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import h2.errors
+import h2.events
+import h2.exceptions
+import h2.utilities
+import trio
+from hypercorn.events import Closed, RawData
+from hypercorn.protocol.events import StreamClosed
+from hypercorn.protocol.h2 import H2Protocol
+
+from gateway.server.hypercorn.config import runtime_of
+from gateway.server.hypercorn.task_group import StreamTaskGroup
+from gateway.server.limits import ControlFrameBudget
+from gateway.wire import H2_CLOSED_STREAMS_REMEMBERED
+
+__all__ = ["GuardedH2Protocol"]
+
+
+class GuardedH2Protocol(H2Protocol):
+    """HTTP/2 with the crash fixes (data for closed streams, early GOAWAY) and the frame budget."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Protection: a caller cycling streams would make h2 remember 2**16 closed ones (~11.5 MB)
+        # on every connection; the new connection has closed none yet (see gateway.wire).
+        self.connection._closed_streams = h2.utilities.SizeLimitDict(size_limit=H2_CLOSED_STREAMS_REMEMBERED)
+        limits = runtime_of(self.config).limits
+        self.budget = ControlFrameBudget(
+            limits.h2_control_burst, limits.h2_control_rate, limits.h2_max_settings, now=trio.current_time()
+        )
+        self._sent = trio.lowlevel.ParkingLot()
+        self.flooded = False
+
+    async def handle(self, event: Any) -> None:
+        if (
+            isinstance(event, RawData)
+            and not self.closed
+            and not self.budget.feed(event.data, trio.current_time())
+        ):
+            await self._calm_down()
+            return
+        await super().handle(event)
+        if isinstance(event, Closed):
+            self._sent.unpark_all()
+
+    async def _calm_down(self) -> None:
+        """Over the control-frame budget: GOAWAY ENHANCE_YOUR_CALM, then close (counted)."""
+        self.flooded = True
+        events = runtime_of(self.config).events
+        events.h2_goaway("flood")
+        events.connection_closed("h2_flood")
+        with contextlib.suppress(h2.exceptions.ProtocolError):
+            self.connection.close_connection(error_code=h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+        await self._flush()
+        await self.send(Closed())
+
+    async def _handle_events(self, events: list[h2.events.Event]) -> None:
+        for event in events:
+            if isinstance(event, h2.events.DataReceived) and event.stream_id not in self.streams:
+                # Crash fix: the stream was closed by an earlier event of this batch.
+                with contextlib.suppress(h2.exceptions.ProtocolError, h2.exceptions.StreamClosedError):
+                    self.connection.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                continue
+            await super()._handle_events([event])
+
+    async def _send_data(self, stream_id: int) -> None:
+        await super()._send_data(stream_id)
+        if stream_id not in self.stream_buffers:
+            self._sent.unpark_all()
+
+    async def stream_send(self, event: Any) -> None:
+        if isinstance(event, StreamClosed):
+            # Crash fix (early GOAWAY): the last stream closing on a terminating (or draining)
+            # server makes a GOAWAY go out; the stream counts as closed, and the connection as
+            # idle, only once this stream's reply (and END_STREAM) has been written.
+            while event.stream_id in self.stream_buffers and not self.closed:
+                await self._sent.park()
+        await super().stream_send(event)
+
+    async def _create_stream(self, request: h2.events.RequestReceived) -> None:
+        # hypercorn builds the stream (HTTPStream or WSStream) with the protocol's task group and
+        # keeps it; while it does, the protocol's group is this stream's view of it. Only stream
+        # creation reads the protocol's group after ``initiate``, and one task handles a
+        # connection's events, so no other stream can be built with this view.
+        group: Any = self.task_group  # a GatewayTaskGroup (tcp_server builds it)
+        self.task_group = StreamTaskGroup(group, request.stream_id)  # type: ignore[assignment]
+        try:
+            await super()._create_stream(request)
+        finally:
+            self.task_group = group

@@ -1,0 +1,63 @@
+"""``--gc-stats``: the gateway's garbage collections during each measured phase, per generation.
+
+The gateway is started with ``loadtests/gchook`` first on its ``PYTHONPATH``; its ``sitecustomize``
+records each collection's end time and pause through ``gc.callbacks`` into a file (see there). Here
+the records of one phase are read back and summarised: how many collections of each generation, their
+total and longest pause, and the pauses' share of the phase (the event loop can do nothing else then).
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import time
+from pathlib import Path
+from typing import Any, Final
+
+from loadtests.stats import percentile
+
+HOOK_DIR: Final = Path(__file__).resolve().parent / "gchook"
+_RECORD: Final = struct.Struct("<dfi")
+
+
+def now() -> float:
+    """The clock the records use (the monotonic clock, shared by processes)."""
+    return time.monotonic()
+
+
+def env(path: Path, threshold: str | None = None) -> dict[str, str]:
+    """What a gateway's environment needs for its collections to be recorded into ``path``."""
+    out = {"LOADTEST_GC_STATS": str(path)}
+    if threshold:
+        out["LOADTEST_GC_THRESHOLD"] = threshold
+    return out
+
+
+def read(path: Path) -> list[tuple[float, float, int]]:
+    """Every record so far: (end time, pause seconds, generation)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    usable = len(data) - len(data) % _RECORD.size
+    return list(_RECORD.iter_unpack(data[:usable]))
+
+
+def summarize(path: Path, start: float, end: float, *, settle: float = 0.5) -> dict[str, Any]:
+    """Collections that ended between ``start`` and ``end``, per generation: count, per second, total,
+    p99 and longest pause (ms), and the share of the phase spent paused (%)."""
+    time.sleep(settle)  # the recorder flushes every 0.2 s
+    seconds = max(end - start, 1e-9)
+    out: dict[str, Any] = {}
+    records = [r for r in read(path) if start <= r[0] <= end]
+    for gen in (0, 1, 2):
+        pauses = sorted(p for _, p, g in records if g == gen)
+        out[f"gen{gen}"] = {
+            "count": float(len(pauses)),
+            "per_s": len(pauses) / seconds,
+            "total_ms": 1000 * sum(pauses),
+            "p99_ms": 1000 * percentile(pauses, 99) if pauses else math.nan,
+            "max_ms": 1000 * pauses[-1] if pauses else math.nan,
+            "pct_of_phase": 100 * sum(pauses) / seconds,
+        }
+    return out
