@@ -19,12 +19,21 @@ from structlog.testing import capture_logs
 
 from gateway.config.backend_policy import ANNOTATION
 from gateway.observability.metrics import Metrics
-from gateway.resilience import BackendGuards, CallPermit, CircuitBreaker, CircuitState, Pass
+from gateway.resilience import (
+    BackendGuards,
+    Bulkhead,
+    CallPermit,
+    CircuitBreaker,
+    CircuitState,
+    Pass,
+    Refusal,
+)
 from gateway.resilience.breaker import CircuitWord
 from gateway.server.shared_state import (
     CIRCUITS,
     EJECTIONS,
     MIN_CIRCUIT_SLOTS,
+    SharedCounters,
     SharedTable,
     circuit_slots,
     tag_of,
@@ -356,6 +365,65 @@ def test_an_endpoint_ejected_through_one_worker_is_ejected_in_the_other(tmp_path
     assert table_a.used == 1, "the endpoint gone from the slices of both workers is reclaimed"
     assert isinstance(bad_b.cell.read(), EjectionWord)
     assert tag_of((*service, "10.0.0.1", 8443)) != tag_of((*service, "10.0.0.2", 8443))
+
+
+# --- bulkheads: calls in flight of every worker -----------------------------------------------------
+
+
+def counters(path: Path, worker: int, *, workers: int = 2) -> SharedCounters:
+    return SharedCounters(path / "in_flight.state", capacity=16, workers=workers, worker=worker)
+
+
+def test_max_in_flight_bounds_the_calls_of_all_workers_together(tmp_path: Path) -> None:
+    """maxInFlight 2: one call in flight in each worker fills it; a release in either frees a slot."""
+    a, b = counters(tmp_path, 0), counters(tmp_path, 1)
+    in_a, in_b = Bulkhead(2, a.attach(("k",))), Bulkhead(2, b.attach(("k",)))
+    first, second = in_a.try_acquire(), in_b.try_acquire()
+    assert first is not None and second is not None
+    assert in_a.try_acquire() is None and in_b.try_acquire() is None
+    assert in_a.in_flight == in_b.in_flight == 2
+    in_b.release(second)
+    assert in_a.try_acquire() is not None
+
+
+def test_the_calls_of_a_dead_worker_are_not_counted_after_its_restart(tmp_path: Path) -> None:
+    dead, b = counters(tmp_path, 0), counters(tmp_path, 1)
+    in_dead, in_b = Bulkhead(2, dead.attach(("k",))), Bulkhead(2, b.attach(("k",)))
+    assert in_dead.try_acquire() is not None and in_dead.try_acquire() is not None
+    assert in_b.try_acquire() is None
+    counters(tmp_path, 0)  # its successor in the same slot
+    assert in_b.in_flight == 0
+    assert in_b.try_acquire() is not None
+
+
+def test_a_released_key_takes_this_workers_calls_out_of_the_count(tmp_path: Path) -> None:
+    """A reload that removes the backend's maxInFlight: the calls still in flight finish in the
+    detached counter; the other workers' count no longer includes them, and never goes negative."""
+    a, b = counters(tmp_path, 0), counters(tmp_path, 1)
+    in_a, in_b = Bulkhead(1, a.attach(("k",))), Bulkhead(1, b.attach(("k",)))
+    token = in_a.try_acquire()
+    assert token is not None and in_b.in_flight == 1
+    a.release(("k",))
+    assert in_b.in_flight == 0
+    in_a.release(token)
+    assert in_b.in_flight == 0 and in_a.in_flight == 0
+
+
+def test_guards_share_bulkheads_and_release_them_on_reload(tmp_path: Path) -> None:
+    a, b = counters(tmp_path, 0), counters(tmp_path, 1)
+    guards_a, guards_b = BackendGuards(Clock(), in_flight=a), BackendGuards(Clock(), in_flight=b)
+    limited = snapshot('"*": {maxInFlight: 1}', "a.example.com")
+    guards_a.reconcile(limited.mutating)  # type: ignore[attr-defined]
+    guards_b.reconcile(limited.mutating)  # type: ignore[attr-defined]
+    held = guards_a.for_webhook(limited.mutating[0]).before_call()  # type: ignore[attr-defined]
+    assert isinstance(held, Pass)
+    refused = guards_b.for_webhook(limited.mutating[0]).before_call()  # type: ignore[attr-defined]
+    assert isinstance(refused, Refusal) and refused.reason == "max_in_flight"
+    unlimited = snapshot("", "a.example.com")
+    guards_a.reconcile(unlimited.mutating)  # type: ignore[attr-defined]
+    guards_b.reconcile(unlimited.mutating)  # type: ignore[attr-defined]
+    assert a.used == 0
+    guards_a.for_webhook(limited.mutating[0]).succeeded(held)  # type: ignore[attr-defined]
 
 
 # --- /metrics with several workers -----------------------------------------------------------------

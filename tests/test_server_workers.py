@@ -216,8 +216,8 @@ class Gateway:
                 try:
                     if (await self.get("/readyz"))[0] == 200:
                         return
-                except OSError:
-                    pass
+                except (OSError, trio.TooSlowError):
+                    pass  # the supervisor's socket accepts before any worker serves it
                 await trio.sleep(0.1)
 
     def workers(self) -> set[int]:
@@ -684,6 +684,8 @@ async def test_a_circuit_opened_by_failures_on_two_workers_is_open_on_every_work
         assert got[("webhook_gateway_backend_circuit_state", webhook)] == 1  # open, on every worker
         opened = (("state", "open"), ("webhook", "stalled.example.com"))
         assert got[("webhook_gateway_backend_circuit_transitions_total", opened)] == 1
+        assert got[("webhook_gateway_shared_state_slots", (("state", "used"), ("table", "circuits")))] == 1
+        assert got[("webhook_gateway_shared_state_refused_total", (("table", "circuits"),))] == 0
 
 
 async def test_a_pod_ejected_by_one_worker_gets_no_call_from_any_worker(
@@ -743,3 +745,50 @@ async def test_a_pod_ejected_by_one_worker_gets_no_call_from_any_worker(
                         break  # both workers answered ten reviews or more since the ejection
     finally:
         dead.close()
+
+
+async def test_max_in_flight_bounds_the_calls_of_both_workers_together(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """maxInFlight 1 with two workers: while one call is in flight, reviews on either worker are
+    refused at once (the refusal names the bulkhead); each burst of concurrent reviews reaches the
+    backend once, also when both workers took some of it."""
+    from gateway.devtools.backends import serve_backend
+
+    server = await nursery.start(lambda task_status: serve_backend(task_status=task_status))
+    hooks = [backend("slow.example.com", "/sleep/2000/allow", failurePolicy="Fail")]
+    hooks[0]["clientConfig"]["url"] = f"http://127.0.0.1:{server.port}/sleep/2000/allow"
+    doc = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {
+            "name": "team-a",
+            "annotations": {"webhook-gateway.io/backend-policy": '"*": {maxInFlight: 1}'},
+        },
+        "webhooks": hooks,
+    }
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "webhooks.json").write_text(json.dumps(doc))
+    refused = "1 calls already in flight (maxInFlight 1)"
+    async with gateway(tmp_path) as gw:
+        with trio.fail_after(120):
+            while True:
+                before = await _per_worker_reviews(gw)
+                calls = len(server.calls)
+                answers: list[dict[str, object]] = []
+
+                async def one(into: list[dict[str, object]]) -> None:
+                    into.append(await gw.review())
+
+                async with trio.open_nursery() as burst:
+                    for _ in range(6):
+                        burst.start_soon(one, answers)
+                assert len(server.calls) - calls == 1, "one call in flight at a time, whichever worker"
+                assert sorted(bool(a["allowed"]) for a in answers) == [False] * 5 + [True]
+                for answer in answers:
+                    if not answer["allowed"]:
+                        assert refused in answer["status"]["message"]  # type: ignore[index]
+                await trio.sleep(0.6)  # > DUMP_SECONDS: both workers' counts are in /metrics
+                after = await _per_worker_reviews(gw)
+                if len(after) == 2 and all(after[w] > before.get(w, 0) for w in after):
+                    break  # a burst that both workers took part in

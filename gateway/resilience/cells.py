@@ -22,6 +22,11 @@ What a cell guarantees, and the machines rely on:
 
 A ``CellStore`` hands out the cells of keys: ``attach`` (``None`` when it has no room: the caller
 keeps a ``LocalCell``, its state then per process) and ``release`` when the key is no longer used.
+
+A count that changes on every call (a bulkhead's calls in flight) is not a word behind a lock: it
+is a ``Counter``, to which each process adds its own share and whose ``total`` is the sum of all
+shares (``LocalCounter`` in one process). Two processes that read the total at the same instant
+may both act on it, so a limit checked against it can be passed by at most one per other process.
 """
 
 from __future__ import annotations
@@ -57,6 +62,42 @@ class LocalCell(Generic[W]):
     def update(self, change: Callable[[W], tuple[W, R]]) -> R:
         self.word, result = change(self.word)
         return result
+
+
+class Counter(Protocol):
+    """A count kept in shares: ``add`` changes this process's share, ``total`` sums every share."""
+
+    def total(self) -> int: ...
+
+    def add(self, delta: int) -> None: ...
+
+
+class LocalCounter:
+    """A counter of this process only."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def total(self) -> int:
+        return self.value
+
+    def add(self, delta: int) -> None:
+        self.value += delta
+
+
+class CounterStore(Protocol):
+    """Counters by key, shared with other processes (``gateway.server.shared_state``)."""
+
+    def attach(self, key: StateKey) -> Counter | None:
+        """The counter of ``key`` (the same one again while attached); None when the store is full."""
+        ...
+
+    def release(self, key: StateKey) -> None:
+        """``key`` is no longer used here: this process's share is dropped (its calls in flight
+        then settle in the detached counter)."""
+        ...
 
 
 class CellStore(Protocol[W]):

@@ -10,6 +10,8 @@ With a ``CellStore`` (``--workers N``: ``gateway.server.shared_state``), every c
 in the store under its ``backend_key``, shared by every worker: ``reconcile`` attaches the backends
 with a circuit breaker and releases those gone (or whose breaker was turned off). A backend the
 store has no room for keeps a circuit of its own in this process (``circuits`` says which).
+Likewise with a ``CounterStore`` for the bulkheads: ``maxInFlight`` then bounds the calls in flight
+of all workers together.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from gateway.resilience.breaker import (
     Transition,
 )
 from gateway.resilience.bulkhead import Bulkhead, BulkheadToken
-from gateway.resilience.cells import CellStore
+from gateway.resilience.cells import CellStore, CounterStore
 
 RefusalReason = Literal["circuit_open", "max_in_flight"]
 REFUSAL_REASONS: Final[tuple[RefusalReason, ...]] = ("circuit_open", "max_in_flight")
@@ -180,7 +182,8 @@ class Reconciled:
 class BackendGuards:
     """The guards of every configured backend, by ``backend_key``. Not thread-safe.
 
-    ``cells``: where the circuits' state lives when it is shared with other processes.
+    ``cells``, ``in_flight``: where the circuits' state and the bulkheads' counts live when they are
+    shared with other processes.
     """
 
     def __init__(
@@ -188,12 +191,15 @@ class BackendGuards:
         clock: Clock,
         on_transition: TransitionListener | None = None,
         cells: CellStore[CircuitWord] | None = None,
+        in_flight: CounterStore | None = None,
     ) -> None:
         self._clock = clock
         self._listener = on_transition
         self._cells = cells
+        self._in_flight = in_flight
         self._guards: dict[BackendKey, BackendGuard] = {}
         self._shared: set[BackendKey] = set()  # keys whose circuit is a cell of ``cells``
+        self._counted: set[BackendKey] = set()  # keys whose bulkhead counts in ``in_flight``
 
     def __len__(self) -> int:
         return len(self._guards)
@@ -243,26 +249,39 @@ class BackendGuards:
             if key not in current:
                 removed += 1
                 self._unshare(key)
+                self._uncount(key)
         self._guards = current
         return Reconciled(added, kept, removed)
 
     def _share(self, key: BackendKey, guard: BackendGuard) -> None:
-        """Put the circuit of ``key`` in the shared store (or take it out when it has none)."""
-        if self._cells is None:
-            return
-        breaker = guard.breaker
-        if breaker is None:
-            self._unshare(key)
-        elif key not in self._shared:
-            cell = self._cells.attach(key)  # a worker that starts picks up the state found there
-            if cell is not None:
-                breaker.cell = cell
-                self._shared.add(key)
+        """Put the circuit and the bulkhead of ``key`` in the shared stores (or take them out)."""
+        breaker, bulkhead = guard.breaker, guard.bulkhead
+        if self._cells is not None:
+            if breaker is None:
+                self._unshare(key)
+            elif key not in self._shared:
+                cell = self._cells.attach(key)  # a worker that starts picks up the state found there
+                if cell is not None:
+                    breaker.cell = cell
+                    self._shared.add(key)
+        if self._in_flight is not None:
+            if bulkhead is None:
+                self._uncount(key)
+            elif key not in self._counted:
+                counter = self._in_flight.attach(key)
+                if counter is not None:
+                    bulkhead.counter = counter  # calls in flight keep the counter that counted them
+                    self._counted.add(key)
 
     def _unshare(self, key: BackendKey) -> None:
         if self._cells is not None and key in self._shared:
             self._shared.discard(key)
             self._cells.release(key)
+
+    def _uncount(self, key: BackendKey) -> None:
+        if self._in_flight is not None and key in self._counted:
+            self._counted.discard(key)
+            self._in_flight.release(key)
 
     def circuits(self) -> list[tuple[str, int, bool]]:
         """``(webhook name, state gauge value, shared)`` per backend with a circuit breaker, read now.

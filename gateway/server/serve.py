@@ -95,7 +95,7 @@ async def serve(
     """Run the gateway until SIGTERM/SIGINT (or ``Running.shutdown()``), then drain and return.
 
     ``shared_state``: a worker's tables of per-backend state shared with the other workers
-    (``--workers N``); circuits and endpoint ejections then live there.
+    (``--workers N``); circuits, bulkheads' counts and endpoint ejections then live there.
     """
     from gateway.dispatch.policy import GuardedBackends
     from gateway.dispatch.shadow import ShadowCalls
@@ -172,6 +172,7 @@ async def serve(
             shared_state.clock if shared_state is not None else trio.current_time,
             on_transition=observer.circuit_changed,
             cells=shared_state.circuits(first) if shared_state is not None else None,
+            in_flight=shared_state.in_flight(first) if shared_state is not None else None,
         )
         guards.reconcile((*first.validating, *first.mutating))
         observer.set_circuit_source(guards.circuits)  # /metrics shows the state the guards act on

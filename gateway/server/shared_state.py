@@ -1,4 +1,5 @@
-"""One state per backend across workers (``--workers N``): circuits and endpoint ejections in shared memory.
+"""One state per backend across workers (``--workers N``): circuits, calls in flight and endpoint
+ejections in shared memory.
 
 Each worker is a whole gateway with its own circuit breakers (``gateway.resilience``) and endpoint
 pickers (``gateway.transport.endpoints``). Their *state* must be one per backend, as Envoy keeps
@@ -37,6 +38,11 @@ first answer after errors; a healthy backend's calls only read. The kernel relea
 worker that dies; a record it left half-written (``seq`` odd) is repaired by the next one to lock
 it: the key keeps its record, its state starts again (closed, no failures).
 
+Counters (a bulkhead's calls in flight, ``SharedCounters``) change on every call, so they are not
+words behind the lock: a record's payload is one signed 32-bit column per worker, each written only
+by its worker with one aligned store, and read all together (the CRC covers the record's other
+bytes only). Two workers checking the sum at the same instant may both pass a limit by one.
+
 Bounds: the capacity is fixed when the table is created, from the configuration the first worker
 loaded (``circuit_slots``, ``endpoint_slots``). A key that finds no free record keeps a cell of its
 own in that worker, as without sharing: logged, and counted in
@@ -60,7 +66,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Generic, TypeVar
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 import structlog
 
@@ -73,6 +79,7 @@ log = structlog.get_logger("gateway.shared_state")
 
 W = TypeVar("W")
 R = TypeVar("R")
+T = TypeVar("T")
 
 MAGIC: Final = b"WGSTATE1"
 _HEADER: Final = struct.Struct("<8sIIIIQQ")  # magic, record, payload, capacity, holder bytes, used, refused
@@ -81,6 +88,7 @@ _USED_AT: Final = 24
 _REFUSED_AT: Final = 32
 _U64: Final = struct.Struct("<Q")
 _U32: Final = struct.Struct("<I")
+_I32: Final = struct.Struct("<i")
 _seq_at: Final = _U64.unpack_from  # the hot path's one load
 EMPTY, USED, DELETED = 0, 1, 2
 _TAG_AT: Final = 16
@@ -175,7 +183,8 @@ def tag_of(key: StateKey) -> bytes:
 
 
 class SharedCell(Generic[W]):
-    """The cell of one key in a ``SharedTable`` (``gateway.resilience.cells.Cell``)."""
+    """The cell of one key in a ``SharedTable`` (``gateway.resilience.cells.Cell``): a word behind a
+    sequence number and a CRC, written under the table's lock."""
 
     __slots__ = ("_map", "_offset", "_seq", "_table", "_word", "tag")
 
@@ -245,18 +254,82 @@ class SharedCell(Generic[W]):
         self._seq = _seq_at(self._map, 0)[0]
 
 
-class SharedTable(Generic[W]):
-    """Fixed-size records by key, in a file every worker maps (see the module docstring)."""
+class SharedCounter:
+    """The ``Counter`` of one key in a ``SharedCounters`` table (``gateway.resilience.cells``).
 
-    def __init__(self, path: Path, codec: Codec[W], *, capacity: int, workers: int, worker: int) -> None:
+    One signed 32-bit column per worker: a worker writes only its own (no lock: one aligned
+    store, and nobody else writes it), and ``total`` sums the columns of all workers.
+    """
+
+    __slots__ = ("_all", "_at", "_map", "_mine", "_own", "offset", "tag")
+
+    def __init__(self, table: SharedCounters, offset: int, tag: bytes) -> None:
+        self._map: mmap.mmap | bytearray = table.map
+        self._all = table.columns.unpack_from
+        self._at = offset + table.payload_at
+        self._mine = self._at + 4 * table.worker
+        self._own = 0  # this worker's column (zeroed when it joined or released the key)
+        self.offset = offset
+        self.tag = tag
+
+    def total(self) -> int:
+        return sum(self._all(self._map, self._at))
+
+    def add(self, delta: int) -> None:
+        self._own += delta
+        _I32.pack_into(self._map, self._mine, self._own)
+
+    def detach(self) -> None:
+        """Stop counting in the table: this worker's own count goes on in a private buffer."""
+        mine = self._mine - self._at
+        self._map = bytearray(mine + 4)
+        self._at = 0
+        self._mine = mine
+        self._all = struct.Struct(f"<{mine // 4 + 1}i").unpack_from
+        _I32.pack_into(self._map, mine, self._own)
+
+
+class _Attached(Protocol):
+    @property
+    def offset(self) -> int: ...
+
+    @property
+    def tag(self) -> bytes: ...
+
+    def detach(self) -> None: ...
+
+
+C = TypeVar("C", bound=_Attached)
+
+
+class _Records(Generic[C]):
+    """Fixed-size records by key in a file every worker maps: claiming, holders, reclaiming, repair
+    (see the module docstring). ``whole``: the payload is written under the lock and covered by the
+    CRC (words); otherwise each worker writes its own part of it without the lock (counters)."""
+
+    def __init__(
+        self,
+        path: Path,
+        name: str,
+        payload_size: int,
+        *,
+        whole: bool,
+        capacity: int,
+        workers: int,
+        worker: int,
+    ) -> None:
         if not 0 <= worker < workers:
             raise ValueError(f"worker {worker} of {workers}")
         self.path = path
-        self.codec = codec
+        self.name = name
         self.worker = worker
+        self.workers = workers
+        self.payload_size = payload_size
         self.holder_bytes = max(8, -(-workers // 64) * 8)
         self.payload_at = _HOLDERS_AT + self.holder_bytes
-        self.record_size = -(-(self.payload_at + codec.size) // 8) * 8
+        self.record_size = -(-(self.payload_at + payload_size) // 8) * 8
+        self._checked_end = self.record_size if whole else self.payload_at
+        self._whole = whole
         self._fd = _open_or_create(path, self._header(capacity), HEADER_SIZE + capacity * self.record_size)
         try:
             self.capacity = self._check_header()
@@ -264,15 +337,15 @@ class SharedTable(Generic[W]):
         except BaseException:
             os.close(self._fd)
             raise
-        self._held: dict[bytes, SharedCell[W]] = {}
+        self._held: dict[bytes, C] = {}
         self._join()
 
     def _header(self, capacity: int) -> bytes:
-        return _HEADER.pack(MAGIC, self.record_size, self.codec.size, capacity, self.holder_bytes, 0, 0)
+        return _HEADER.pack(MAGIC, self.record_size, self.payload_size, capacity, self.holder_bytes, 0, 0)
 
     def _check_header(self) -> int:
         magic, record, payload, capacity, holders, _, _ = _HEADER.unpack(os.pread(self._fd, _HEADER.size, 0))
-        expected = (MAGIC, self.record_size, self.codec.size, self.holder_bytes)
+        expected = (MAGIC, self.record_size, self.payload_size, self.holder_bytes)
         if (magic, record, payload, holders) != expected or capacity < 1:
             raise SharedStateError(
                 f"{self.path}: another layout ({magic!r}, record {record}, payload {payload})"
@@ -289,6 +362,17 @@ class SharedTable(Generic[W]):
             self.map.close()
         os.close(self._fd)
 
+    # --- what a new record holds, what a worker's part of one is (overridden) ---
+
+    def _initial_payload(self) -> bytes:
+        return bytes(self.payload_size)
+
+    def _new_cell(self, offset: int, tag: bytes) -> C:
+        raise NotImplementedError
+
+    def _leave(self, offset: int) -> None:
+        """This worker no longer uses the record at ``offset`` (released, or its predecessor's)."""
+
     # --- counters (read without the lock: a scrape may be one write behind) ---
 
     @property
@@ -299,9 +383,9 @@ class SharedTable(Generic[W]):
     def refused(self) -> int:
         return int(_seq_at(self.map, _REFUSED_AT)[0])
 
-    # --- the CellStore protocol ---
+    # --- the store protocol ---
 
-    def attach(self, key: StateKey) -> SharedCell[W] | None:
+    def attach(self, key: StateKey) -> C | None:
         tag = tag_of(key)
         cell = self._held.get(tag)
         if cell is not None:
@@ -311,26 +395,27 @@ class SharedTable(Generic[W]):
         if offset is None:
             log.warning(
                 "shared state table full; this key keeps a state of its own in this worker",
-                table=self.codec.name, capacity=self.capacity, key=list(key),
+                table=self.name, capacity=self.capacity, key=list(key),
             )  # fmt: skip
             return None
-        cell = self._held[tag] = SharedCell(self, offset, tag)
+        cell = self._held[tag] = self._new_cell(offset, tag)
         return cell
 
     def release(self, key: StateKey) -> None:
         cell = self._held.pop(tag_of(key), None)
         if cell is None:
             return
+        offset = cell.offset
+        cell.detach()  # first: what is left of its calls in flight settles in this process only
         with self.locked():
-            offset = cell.offset
             self._repair_if_torn(offset)
             if self._flags(offset) == USED and self.map[offset + _TAG_AT : offset + _HOLDERS_AT] == cell.tag:
+                self._leave(offset)
                 holders = self._holders(offset) & ~(1 << self.worker)
                 if holders:
                     self._write(offset, holders=holders)
                 else:
                     self._delete(offset)
-        cell.detach()
 
     # --- under the lock ---
 
@@ -341,34 +426,6 @@ class SharedTable(Generic[W]):
             yield
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
-
-    def try_load(self, cell: SharedCell[W]) -> W | None:
-        """The cell's word from an unlocked copy of its record; None if the copy is not whole."""
-        offset = cell.offset
-        raw = self.map[offset : offset + self.record_size]
-        seq = int.from_bytes(raw[:8], "little")
-        if seq & 1 or zlib.crc32(raw[12:], zlib.crc32(raw[:8])) != int.from_bytes(raw[8:12], "little"):
-            return None
-        return self._decode(cell, seq, raw)
-
-    def load_locked(self, cell: SharedCell[W]) -> W:
-        offset = cell.offset
-        if _seq_at(self.map, offset)[0] == cell.seq:
-            return cell.read()  # nothing written since this worker decoded it (and nobody writes now)
-        self._repair_if_torn(offset)
-        raw = self.map[offset : offset + self.record_size]
-        return self._decode(cell, int.from_bytes(raw[:8], "little"), raw)
-
-    def _decode(self, cell: SharedCell[W], seq: int, raw: bytes) -> W:
-        if int.from_bytes(raw[12:16], "little") != USED or raw[_TAG_AT:_HOLDERS_AT] != cell.tag:
-            cell.detach()  # the record was reclaimed (this worker released the key meanwhile)
-            return cell.read()
-        word = self.codec.unpack(raw[self.payload_at : self.payload_at + self.codec.size])
-        return cell.loaded(seq, word)
-
-    def write_payload(self, cell: SharedCell[W], word: W) -> None:
-        seq = self._write(cell.offset, payload=self.codec.pack(word))
-        cell.loaded(seq, word)
 
     def _write(
         self,
@@ -393,22 +450,26 @@ class SharedTable(Generic[W]):
         if flags is not None:  # last: a claim cut short leaves a record that is still not in use
             _U32.pack_into(m, offset + 12, flags)
         done = writing + 1
-        crc = zlib.crc32(m[offset + 12 : offset + self.record_size], zlib.crc32(_U64.pack(done)))
+        crc = zlib.crc32(m[offset + 12 : offset + self._checked_end], zlib.crc32(_U64.pack(done)))
         _U32.pack_into(m, offset + 8, crc)
         _U64.pack_into(m, offset, done)
         return int(done)
 
+    def _whole_at(self, offset: int) -> bool:
+        raw = self.map[offset : offset + self._checked_end]
+        seq = int.from_bytes(raw[:8], "little")
+        return seq % 2 == 0 and zlib.crc32(raw[12:], zlib.crc32(raw[:8])) == int.from_bytes(
+            raw[8:12], "little"
+        )
+
     def _repair_if_torn(self, offset: int) -> None:
         """A record whose writer died mid-write (we hold the lock, so nobody is writing it now)."""
-        m = self.map
-        raw = m[offset : offset + self.record_size]
-        seq = int.from_bytes(raw[:8], "little")
-        if seq % 2 == 0 and zlib.crc32(raw[12:], zlib.crc32(raw[:8])) == int.from_bytes(raw[8:12], "little"):
+        if self._whole_at(offset):
             return
-        if seq == 0 and not any(raw):
+        if not any(self.map[offset : offset + self.record_size]):
             return  # never written
-        log.warning("repairing a shared state record left half-written", table=self.codec.name)
-        self._write(offset, payload=self.codec.pack(self.codec.initial))
+        log.warning("repairing a shared state record left half-written", table=self.name)
+        self._write(offset, payload=self._initial_payload() if self._whole else None)
 
     def _offset(self, index: int) -> int:
         return HEADER_SIZE + index * self.record_size
@@ -446,12 +507,12 @@ class SharedTable(Generic[W]):
         if free is None:
             self._count(_REFUSED_AT, 1)
             return None
-        self._write(free, tag=tag, holders=mine, payload=self.codec.pack(self.codec.initial), flags=USED)
+        self._write(free, tag=tag, holders=mine, payload=self._initial_payload(), flags=USED)
         self._count(_USED_AT, 1)
         return free
 
     def _delete(self, offset: int) -> None:
-        self._write(offset, tag=bytes(16), holders=0, payload=bytes(self.codec.size), flags=DELETED)
+        self._write(offset, tag=bytes(16), holders=0, payload=bytes(self.payload_size), flags=DELETED)
         self._count(_USED_AT, -1)
         # Tombstones followed by an empty record end no probe chain any more: empty them.
         capacity = self.capacity
@@ -474,12 +535,81 @@ class SharedTable(Generic[W]):
                 if self._flags(offset) != USED:
                     continue
                 self._repair_if_torn(offset)
+                self._leave(offset)
                 holders = self._holders(offset)
                 if holders & mine:
                     if holders & ~mine:
                         self._write(offset, holders=holders & ~mine)
                     else:
                         self._delete(offset)
+
+
+class SharedTable(_Records[SharedCell[W]]):
+    """Words by key (``CellStore``): circuits, endpoint ejections."""
+
+    def __init__(self, path: Path, codec: Codec[W], *, capacity: int, workers: int, worker: int) -> None:
+        self.codec = codec
+        super().__init__(
+            path, codec.name, codec.size, whole=True, capacity=capacity, workers=workers, worker=worker
+        )
+
+    def _initial_payload(self) -> bytes:
+        return self.codec.pack(self.codec.initial)
+
+    def _new_cell(self, offset: int, tag: bytes) -> SharedCell[W]:
+        return SharedCell(self, offset, tag)
+
+    def try_load(self, cell: SharedCell[W]) -> W | None:
+        """The cell's word from an unlocked copy of its record; None if the copy is not whole."""
+        offset = cell.offset
+        raw = self.map[offset : offset + self.record_size]
+        seq = int.from_bytes(raw[:8], "little")
+        if seq & 1 or zlib.crc32(raw[12:], zlib.crc32(raw[:8])) != int.from_bytes(raw[8:12], "little"):
+            return None
+        return self._decode(cell, seq, raw)
+
+    def load_locked(self, cell: SharedCell[W]) -> W:
+        offset = cell.offset
+        if _seq_at(self.map, offset)[0] == cell.seq:
+            return cell.read()  # nothing written since this worker decoded it (and nobody writes now)
+        self._repair_if_torn(offset)
+        raw = self.map[offset : offset + self.record_size]
+        return self._decode(cell, int.from_bytes(raw[:8], "little"), raw)
+
+    def _decode(self, cell: SharedCell[W], seq: int, raw: bytes) -> W:
+        if int.from_bytes(raw[12:16], "little") != USED or raw[_TAG_AT:_HOLDERS_AT] != cell.tag:
+            cell.detach()  # the record was reclaimed (this worker released the key meanwhile)
+            return cell.read()
+        word = self.codec.unpack(raw[self.payload_at : self.payload_at + self.codec.size])
+        return cell.loaded(seq, word)
+
+    def write_payload(self, cell: SharedCell[W], word: W) -> None:
+        seq = self._write(cell.offset, payload=self.codec.pack(word))
+        cell.loaded(seq, word)
+
+
+class SharedCounters(_Records[SharedCounter]):
+    """Counters by key (``CounterStore``): the bulkheads' calls in flight, one column per worker."""
+
+    def __init__(self, path: Path, *, capacity: int, workers: int, worker: int) -> None:
+        self.columns = struct.Struct(f"<{workers}i")
+        super().__init__(
+            path,
+            "in_flight",
+            self.columns.size,
+            whole=False,
+            capacity=capacity,
+            workers=workers,
+            worker=worker,
+        )
+
+    def _new_cell(self, offset: int, tag: bytes) -> SharedCounter:
+        return SharedCounter(self, offset, tag)
+
+    def _leave(self, offset: int) -> None:
+        # Its calls in flight are no longer this worker's to count here: those of a dead
+        # predecessor died with it; those of a released key settle in the detached counter.
+        _I32.pack_into(self.map, offset + self.payload_at + 4 * self.worker, 0)
 
 
 def _open_or_create(path: Path, header: bytes, size: int) -> int:
@@ -519,33 +649,35 @@ class SharedBackendState:
         self.directory = directory
         self.workers = workers
         self.worker = worker
-        self.tables: dict[str, SharedTable[CircuitWord] | SharedTable[EjectionWord]] = {}
+        self.tables: dict[str, _Records[Any]] = {}
 
     def circuits(self, snapshot: Snapshot) -> SharedTable[CircuitWord] | None:
-        return self._open(CIRCUITS, circuit_slots(snapshot))
+        return self._open(
+            CIRCUITS.name, lambda path, **size: SharedTable(path, CIRCUITS, **size), circuit_slots(snapshot)
+        )
 
     def ejections(self, snapshot: Snapshot) -> SharedTable[EjectionWord] | None:
-        return self._open(EJECTIONS, endpoint_slots(snapshot))
+        return self._open(
+            EJECTIONS.name,
+            lambda path, **size: SharedTable(path, EJECTIONS, **size),
+            endpoint_slots(snapshot),
+        )
 
-    def _open(self, codec: Codec[W], capacity: int) -> SharedTable[W] | None:
-        found = self.tables.get(codec.name)
+    def in_flight(self, snapshot: Snapshot) -> SharedCounters | None:
+        return self._open("in_flight", SharedCounters, circuit_slots(snapshot))
+
+    def _open(self, name: str, make: Callable[..., T], capacity: int) -> T | None:
+        found = self.tables.get(name)
         if found is not None:
             return found  # type: ignore[return-value]
         try:
-            table = SharedTable(
-                self.directory / f"{codec.name}.state",
-                codec,
-                capacity=capacity,
-                workers=self.workers,
-                worker=self.worker,
+            table = make(
+                self.directory / f"{name}.state", capacity=capacity, workers=self.workers, worker=self.worker
             )
         except (OSError, SharedStateError) as exc:
-            log.warning(
-                "shared state unavailable; each worker keeps its own",
-                table=codec.name, error=str(exc),
-            )  # fmt: skip
+            log.warning("shared state unavailable; each worker keeps its own", table=name, error=str(exc))
             return None
-        self.tables[codec.name] = table  # type: ignore[assignment]
+        self.tables[name] = table  # type: ignore[assignment]
         return table
 
     def close(self) -> None:

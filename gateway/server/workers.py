@@ -36,10 +36,10 @@ What the supervisor guarantees:
   per family, see ``GAUGE_MERGE``). A restarted worker starts its counters from its predecessor's
   last snapshot, so totals never go backwards; what the killed worker counted after its last
   snapshot is lost. docs/performance.md compares this with prometheus_client's multiprocess mode.
-- Per-backend state: circuit breakers and endpoint ejections live in tables every worker maps
-  (``gateway.server.shared_state``): one state per backend, read at every call, so a circuit
-  opened by one worker is open in all from the next call on; ``/metrics`` shows the circuit
-  states read from the same table.
+- Per-backend state: circuit breakers, bulkheads' calls in flight and endpoint ejections live in
+  tables every worker maps (``gateway.server.shared_state``): one state per backend, read at
+  every call, so a circuit opened by one worker is open in all from the next call on;
+  ``/metrics`` shows the circuit states read from the same table.
 - Cluster namespace watch: each worker runs its own list+watch (see docs/performance.md for
   the request counts that justify it).
 - A worker whose supervisor disappears (killed with SIGKILL) drains and exits by itself.
@@ -466,7 +466,7 @@ class _WorkerFamilies(Collector):
         )
         tables = self._shared.tables.values() if self._shared is not None else ()
         for table in tables:
-            name = table.codec.name
+            name = table.name
             used = table.used
             slots.samples.append(Sample(slots.name, {"table": name, "state": "used"}, used))
             slots.samples.append(Sample(slots.name, {"table": name, "state": "free"}, table.capacity - used))
