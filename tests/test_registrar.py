@@ -24,7 +24,7 @@ from gateway.config.load import load_directory
 from gateway.config.model import Snapshot
 from gateway.registration import Settings, compute
 from gateway.sources.kube import KubeClient, load_kubeconfig
-from gateway.sources.registrar import COLLECTIONS, MANAGED_BY, KubeWriter, LeaderElection, Registrar
+from gateway.sources.registrar import COLLECTIONS, MANAGED_BY, LeaderElection, Registrar
 from tests.support.gateway import hook, write_config
 from tests.support.kubeapi import FakeKubeAPI, kube_api, write_kubeconfig
 
@@ -49,15 +49,14 @@ class Replica:
     """One gateway replica's registrar, with its own readiness and view of the configuration."""
 
     def __init__(self, api: FakeKubeAPI, tmp_path: Path, identity: str, snapshot: Snapshot) -> None:
-        client = KubeClient(load_kubeconfig(write_kubeconfig(api, tmp_path / f"{identity}.kubeconfig")))
-        self.writer = KubeWriter(client)
+        self.client = KubeClient(load_kubeconfig(write_kubeconfig(api, tmp_path / f"{identity}.kubeconfig")))
         self.clock = Clock()
         self.is_ready = True
         self.config = snapshot
         self.registrar = Registrar(
-            writer=self.writer,
+            client=self.client,
             election=LeaderElection(
-                self.writer, "webhook-gateway", "webhook-gateway-registration", identity, clock=self.clock
+                self.client, "webhook-gateway", "webhook-gateway-registration", identity, clock=self.clock
             ),
             snapshot=lambda: self.config,
             ready=lambda: self.is_ready,
