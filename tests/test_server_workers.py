@@ -792,3 +792,43 @@ async def test_max_in_flight_bounds_the_calls_of_both_workers_together(
                 after = await _per_worker_reviews(gw)
                 if len(after) == 2 and all(after[w] > before.get(w, 0) for w in after):
                     break  # a burst that both workers took part in
+
+
+async def test_a_restarted_worker_finds_the_circuit_open(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """kill -9 of a worker once the circuit is open: its successor refuses at once too (it picks
+    up the shared state), and the backend is not called again."""
+    from gateway.devtools.backends import serve_backend
+
+    server = await nursery.start(lambda task_status: serve_backend(task_status=task_status))
+    _policy_config(
+        tmp_path,
+        f"http://127.0.0.1:{server.port}",
+        '"*": {circuitBreaker: {consecutiveFailures: 1, openSeconds: 600}}',
+        timeoutSeconds=1,
+        failurePolicy="Fail",
+    )
+    refused = 'failed calling webhook "stalled.example.com": circuit open after 1 consecutive failures'
+    async with gateway(tmp_path) as gw:
+        assert "context deadline exceeded" in (await gw.review())["status"]["message"]  # type: ignore[index]
+        assert len(server.calls) == 1
+        before = gw.workers()
+        for victim in sorted(before):  # each worker in turn: whichever held what, all restart
+            os.kill(victim, signal.SIGKILL)
+            with trio.fail_after(60):
+                while True:
+                    now = gw.workers()
+                    if victim not in now and len(now) == 2 and (await gw.get("/readyz"))[0] == 200:
+                        break
+                    await trio.sleep(0.1)
+        assert not gw.workers() & before, "both workers were replaced"
+        baseline = await _per_worker_reviews(gw)
+        with trio.fail_after(60):
+            while True:
+                for _ in range(10):
+                    message = (await gw.review())["status"]["message"]  # type: ignore[index]
+                    assert refused in message, message
+                await trio.sleep(0.6)
+                after = await _per_worker_reviews(gw)
+                if len(after) == 2 and all(after[w] - baseline.get(w, 0) >= 3 for w in after):
+                    break
+        assert len(server.calls) == 1

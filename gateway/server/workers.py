@@ -454,14 +454,14 @@ class _WorkerFamilies(Collector):
     def _shared_state(self) -> Iterable[Metric]:
         slots = Metric(
             PREFIX + "shared_state_slots",
-            "Records of the per-backend state shared by the workers, per table (circuits, endpoints) "
-            "and state (used, free); fixed when the gateway starts.",
+            "Records of the per-backend state shared by the workers, per table (circuits, in_flight, "
+            "endpoints) and state (used, free); fixed when the gateway starts.",
             "gauge",
         )
         refused = Metric(
             PREFIX + "shared_state_refused",
-            "Keys (backends, endpoints) that found their shared table full and kept a state of their "
-            "own in one worker, per table.",
+            "Backends or endpoints that found their shared table full and kept a state of their own "
+            "in one worker, per table.",
             "counter",
         )
         tables = self._shared.tables.values() if self._shared is not None else ()
