@@ -35,6 +35,19 @@ def proc_cpu_seconds(pid: int) -> float:
     return own + sum(_or_zero(proc_cpu_seconds, child) for child in _children(pid))
 
 
+def proc_wait_seconds(pid: int, *, children: bool = True) -> float:
+    """Seconds the main thread of ``pid`` (and of its descendants, with ``children``) spent runnable
+    but waiting for a CPU (``/proc/<pid>/schedstat``, second field): on a shared machine, what others
+    took from its event loop. NaN where the kernel keeps no schedstats."""
+    try:
+        own = int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return math.nan
+    if not children:
+        return own
+    return own + sum(_or_zero(proc_wait_seconds, child) for child in _children(pid))
+
+
 def proc_peak_rss_mb(pid: int) -> float:
     """Peak resident set size (VmHWM) of ``pid`` and its live descendants, summed, in MiB."""
     return _status_mb(pid, "VmHWM:")

@@ -419,6 +419,8 @@ def test_a_burst_is_reported_per_segment_for_nginx_and_the_gateway_with_the_gene
         assert conns["per_review"] == conns["opened"] / (row["ok"] + row["late"])
         assert conns["dial_errors"] == 0
         assert row["generator_cpu_pct"] > 0 and row["generator_lag_p99_ms"] >= 0
+        assert row["generator_gc_max_ms"] >= 0 and row["generator_gc_pct"] >= 0, "the generator's own gc"
+        assert row["cpu_wait_pct"] >= 0 and row["generator_cpu_wait_pct"] >= 0, "time runnable, not running"
         assert len(doc["points"][0]["runs"][name][0]["windows"]) == 4, "one window per second of 1+1+2 s"
     assert rows["gateway"]["offered_rps"] == capacity / 2
     gc = rows["gateway"]["gc"]
