@@ -370,15 +370,16 @@ class _GcPauses:
     """
 
     def __init__(self) -> None:
-        self.pauses: list[tuple[int, float]] = []
-        self._started = 0.0
+        self.pauses: list[tuple[int, float, float]] = []  # generation, wall seconds, CPU seconds
+        self._started = (0.0, 0.0)
         self._threshold = gc.get_threshold()
 
     def _on_gc(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
-            self._started = time.perf_counter()
+            self._started = (time.perf_counter(), time.thread_time())
         else:
-            self.pauses.append((info["generation"], time.perf_counter() - self._started))
+            wall, cpu = self._started
+            self.pauses.append((info["generation"], time.perf_counter() - wall, time.thread_time() - cpu))
 
     def __enter__(self) -> _GcPauses:
         gc.collect()
@@ -397,10 +398,11 @@ class _GcPauses:
 
     def summary(self, seconds: float) -> dict[str, float]:
         if not self.pauses:
-            return {"generator_gc_max_ms": 0.0, "generator_gc_pct": 0.0}
+            return {"generator_gc_max_ms": 0.0, "generator_gc_pct": 0.0, "generator_gc_max_cpu_ms": 0.0}
         return {
-            "generator_gc_max_ms": 1000 * max(p for _, p in self.pauses),
-            "generator_gc_pct": 100 * sum(p for _, p in self.pauses) / seconds if seconds > 0 else math.nan,
+            "generator_gc_max_ms": 1000 * max(p for _, p, _c in self.pauses),
+            "generator_gc_max_cpu_ms": 1000 * max(c for _, _p, c in self.pauses),
+            "generator_gc_pct": 100 * sum(p for _, p, _c in self.pauses) / max(seconds, 1e-9),
         }
 
 

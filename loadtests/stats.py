@@ -290,6 +290,7 @@ class PhaseResult:
     generator_cpu_wait_pct: float | None = None
     generator_gc_max_ms: float | None = None  # the generator's own longest garbage collection
     generator_gc_pct: float | None = None  # ... and the share of the phase it spent collecting
+    generator_gc_max_cpu_ms: float | None = None  # the CPU of the collection that took most CPU
     # --burst: the schedule's segments, seconds from the burst's end until every window is normal.
     segments: list[SegmentSummary] | None = None
     recovery_s: float | None = None
@@ -381,6 +382,7 @@ def median_result(results: Sequence[PhaseResult]) -> PhaseResult:
         generator_cpu_wait_pct=med(r.generator_cpu_wait_pct for r in results),
         generator_gc_max_ms=med(r.generator_gc_max_ms for r in results),
         generator_gc_pct=med(r.generator_gc_pct for r in results),
+        generator_gc_max_cpu_ms=med(r.generator_gc_max_cpu_ms for r in results),
         segments=_med_segments([r.segments for r in results], med),
         recovery_s=_med_recovery([r.recovery_s for r in results if r.segments]),
         normal_p99_ms=med(r.normal_p99_ms for r in results),

@@ -427,6 +427,7 @@ def test_a_burst_is_reported_per_segment_for_nginx_and_the_gateway_with_the_gene
     assert rows["gateway"]["segments"][1]["offered_rps"] > rows["gateway"]["segments"][0]["offered_rps"]
     gc = rows["gateway"]["gc"]
     assert set(gc) == {"gen0", "gen1", "gen2"} and gc["gen0"]["count"] > 0, "the gateway's collections"
+    assert gc["gen0"]["cpu_pct_of_phase"] <= gc["gen0"]["pct_of_phase"], "a pause's CPU is within it"
     assert rows["nginx"]["gc"] is None
     assert "connections: client-go's policy" in proc.stdout
     assert "÷ nginx" in proc.stdout
