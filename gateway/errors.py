@@ -35,6 +35,7 @@ class ConfigProblem:
     name: str = ""
     path: str = ""
     severity: Literal["error", "warning"] = "error"
+    code: str = ""  # a warning's code for `check`, where its producer gave it one
 
     def __str__(self) -> str:
         where = self.file
@@ -110,12 +111,19 @@ class CallingWebhookError(GatewayError):
 
     ``reason`` is the full ERR-03 text (e.g. ``failed to call webhook: Post "...": connection refused``);
     ``status_code`` is the FPT-12 code used by metrics; ``kind`` classifies it for metrics and logs.
+    A failed POST (``gateway.transport.caller``) also carries its parts: ``url``, the full URL called
+    (``""`` when none could be built), and ``cause``, what went wrong, so that callers with other
+    message shapes (conversion, CNV-13) never parse ``reason``.
     """
 
-    def __init__(self, reason: str, *, status_code: int = 503, kind: str = "call") -> None:
+    def __init__(
+        self, reason: str, *, status_code: int = 503, kind: str = "call", url: str = "", cause: str = ""
+    ) -> None:
         self.reason = reason
         self.status_code = status_code
         self.kind = kind
+        self.url = url
+        self.cause = cause
         super().__init__(reason)
 
 

@@ -136,6 +136,9 @@ class Settings:
     namespace: str = "webhook-gateway"
     service: str = "webhook-gateway"
     port: int = 443
+    # "https://HOST:PORT[/PREFIX]": register clientConfig.url (a gateway beside the apiserver on a
+    # control-plane host) instead of the Service reference; the endpoint paths are appended.
+    url: str = ""
     validate_path: str = "/validate"
     mutate_path: str = "/mutate"
     ca_bundle: bytes = b""  # PEM; empty = filled in later (cert-manager's CA injector, a patch)
@@ -329,14 +332,18 @@ def _webhook(
     namespaces = excluded_namespaces(settings)
     prefix = "validate" if kind == "validating" else "mutate"
     path = settings.validate_path if kind == "validating" else settings.mutate_path
-    client: Document = {
-        "service": {
-            "namespace": settings.namespace,
-            "name": settings.service,
-            "path": path,
-            "port": settings.port,
+    client: Document = (
+        {"url": settings.url.rstrip("/") + path}
+        if settings.url
+        else {
+            "service": {
+                "namespace": settings.namespace,
+                "name": settings.service,
+                "path": path,
+                "port": settings.port,
+            }
         }
-    }
+    )
     if settings.ca_bundle:
         client["caBundle"] = base64.b64encode(settings.ca_bundle).decode()
     webhook: Document = {

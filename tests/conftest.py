@@ -6,6 +6,7 @@ from collections.abc import Generator
 
 import pytest
 
+from tests.support.controlplane import control_plane, kube_namespace  # noqa: F401 - the real control plane
 from tests.support.kubeapi import kube_api  # noqa: F401 - a fixture: the fake kube-apiserver
 from tests.support.tools import STRICT_ENV, strict
 

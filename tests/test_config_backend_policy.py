@@ -149,7 +149,7 @@ def test_value_that_is_not_yaml_names_line_and_column() -> None:
 def test_unknown_fields_warn() -> None:
     """A misspelt setting never passes silently, as for the rest of the configuration."""
     assert warnings_of(annotated('"*": {maxInflight: 3, circuitBreaker: {openSecs: 1}}')) == [
-        f"{ROOT}[*].maxInflight: unknown field; known fields: circuitBreaker, maxInFlight, mode",
+        f"{ROOT}[*].maxInflight: unknown field; known fields: caFrom, circuitBreaker, maxInFlight, mode",
         f"{ROOT}[*].circuitBreaker.openSecs: unknown field; known fields: consecutiveFailures, openSeconds",
     ]
 

@@ -350,30 +350,61 @@ VERIFY_TABLE = [
     pytest.param(
         "change-name",
         ["v1"],
-        "returned invalid metadata in object at index 0: must have the same name: a != a-changed",
+        "returned invalid object at index 0: must have the same name: a != a-changed",
         "conversion_webhook_invalid_converted_object_failure",
         id="CNV-11 objects keep their name",
     ),
     pytest.param(
         "change-namespace",
         ["v1"],
-        "returned invalid metadata in object at index 0: must have the same namespace: ops != ops-changed",
+        "returned invalid object at index 0: must have the same namespace: ops != ops-changed",
         "conversion_webhook_invalid_converted_object_failure",
         id="CNV-11 objects keep their namespace",
     ),
     pytest.param(
         "change-uid",
         ["v1beta1"],
-        "returned invalid metadata in object at index 0: must have the same UID: uid-a != uid-a-changed",
+        "returned invalid object at index 0: must have the same UID: uid-a != uid-a-changed",
         "conversion_webhook_invalid_converted_object_failure",
         id="CNV-11 objects keep their uid",
     ),
     pytest.param(
         "missing-metadata",
         ["v1"],
-        "returned invalid metadata in object at index 0: must have the same name: a != ",
+        "returned invalid metadata in object at index 0: missing metadata in converted object",
         "conversion_webhook_invalid_converted_object_failure",
-        id="CNV-11 objects without metadata lose their identity",
+        id="CNV-11 an object without metadata: missing metadata in converted object",
+    ),
+    pytest.param(
+        "metadata-not-object",
+        ["v1"],
+        "returned invalid metadata in object at index 0: invalid metadata of type string in converted object",
+        "conversion_webhook_invalid_converted_object_failure",
+        id="CNV-11 metadata that is not an object: invalid metadata of type <Go type>",
+    ),
+    pytest.param(
+        "labels-not-map",
+        ["v1"],
+        "returned invalid metadata in object at index 0: "
+        "invalid metadata.labels of type []interface {} in converted object",
+        "conversion_webhook_invalid_converted_object_failure",
+        id="CNV-11 labels that are not a map: invalid metadata.labels of type <Go type>",
+    ),
+    pytest.param(
+        "non-string-label",
+        ["v1"],
+        "returned invalid metadata in object at index 0: "
+        "metadata.labels[converted] must be a string, but is int64 in converted object",
+        "conversion_webhook_invalid_converted_object_failure",
+        id="CNV-11 a label value that is not a string: must be a string, but is <Go type>",
+    ),
+    pytest.param(
+        "non-string-annotation",
+        ["v1"],
+        "returned invalid metadata in object at index 0: "
+        "metadata.annotations[converted] must be a string, but is bool in converted object",
+        "conversion_webhook_invalid_converted_object_failure",
+        id="CNV-11 an annotation value that is not a string: must be a string, but is <Go type>",
     ),
     pytest.param(
         "bad-labels",
@@ -433,7 +464,7 @@ async def test_verification_of_the_backends_reply(
     got = failure_message(response, setup.backend.url("/convert/" + behaviour))
     if isinstance(reason, re.Pattern):
         assert reason.match(got), got
-    elif "metadata.labels" in reason:
+    elif "Invalid value" in reason:  # the validation's own detail follows
         assert got.startswith(reason), got
     else:
         assert got == reason
@@ -567,6 +598,32 @@ async def test_tls_with_ca_bundle(nursery, tmp_path, caller, trusted, ok):
         assert setup.backend.calls[0].http_version == "2"  # loopback may speak HTTP/2 (TRN-08)
     else:
         assert "certificate" in failure_message(response, setup.backend.url("/convert"))
+
+
+async def test_the_backends_tls_context_is_built_once_not_per_call(nursery, tmp_path, monkeypatch):
+    """CNV-15: conversion calls go through the admission backends' caller and its resolved targets:
+    the TLS context of a CRD's caBundle is built with the configuration, not again on every call."""
+    import gateway.transport.resolve as resolve
+
+    built: list[bytes] = []
+    real = resolve.client_ssl_context
+
+    def counting(ca_bundle: bytes, *args: Any, **kwargs: Any) -> Any:
+        built.append(ca_bundle)
+        return real(ca_bundle, *args, **kwargs)
+
+    monkeypatch.setattr(resolve, "client_ssl_context", counting)
+    ca = trustme.CA()
+    setup = await start_conversion(
+        nursery,
+        tmp_path,
+        [crd(url="__backend__/convert", ca_bundle=ca.cert_pem.bytes())],
+        backend_tls=server_context(ca, "127.0.0.1"),
+    )
+    for _ in range(5):
+        sent = conversion_review([crontab()])
+        assert check_envelope(sent, (await setup.send(sent)).json)["result"]["status"] == "Success"
+    assert built == [ca.cert_pem.bytes()]
 
 
 async def test_per_host_credentials_apply_and_rotate(nursery, tmp_path):

@@ -45,28 +45,43 @@ def converted(**metadata: Any) -> bytes:
         pytest.param(converted(labels={"ok": "yes"}), None, id="CNV-11 changed valid labels pass"),
         pytest.param(
             converted(labels=["a"]),
-            "metadata.labels: Invalid value: must be a map of strings",
+            "invalid metadata.labels of type []interface {} in converted object",
             id="CNV-11 labels must be a map",
         ),
         pytest.param(
-            converted(annotations={"a": 1}),
-            "metadata.annotations: Invalid value: must be a map of strings",
+            converted(annotations={"a": 1.5}),
+            "metadata.annotations[a] must be a string, but is float64 in converted object",
             id="CNV-11 annotation values must be strings",
         ),
         pytest.param(
             converted(annotations={"a/b/c": "x"}),
-            'metadata.annotations: Invalid value: "a/b/c"',
+            'metadata.annotation: Invalid value: "a/b/c"',
             id="CNV-11 changed annotation keys must be qualified names",
         ),
         pytest.param(
             converted(annotations={"big": "x" * (256 * 1024)}),
-            "metadata.annotations: Too long: must have at most 262144 bytes",
+            "metadata.annotation: Too long: must have at most 262144 bytes",
             id="CNV-11 annotations are bounded",
         ),
         pytest.param(
             json.dumps({**ORIGINAL, "apiVersion": DESIRED, "metadata": "x"}).encode(),
-            "must have the same name: a != ",
+            "returned invalid metadata in object at index 0: invalid metadata of type string in converted object",
             id="CNV-11 metadata must be an object",
+        ),
+        pytest.param(
+            json.dumps({**ORIGINAL, "apiVersion": DESIRED, "metadata": None}).encode(),
+            "invalid metadata of type <nil> in converted object",
+            id="CNV-11 null metadata is metadata of type <nil>, not missing",
+        ),
+        pytest.param(
+            converted(labels={"n": None, "ok": "yes"}),
+            "metadata.labels[n] must be a string, but is <nil> in converted object",
+            id="CNV-11 a null label value is not a string",
+        ),
+        pytest.param(
+            converted(labels=None),
+            None,
+            id="CNV-11 null labels are dropped labels",
         ),
         pytest.param(
             json.dumps({"kind": "CronTab", "metadata": ORIGINAL["metadata"]}).encode(),

@@ -174,3 +174,101 @@ async def test_deeply_nested_replies_are_decided(
         assert mentions in response["status"]["message"]
     out = capsys.readouterr()
     assert "Traceback" not in out.out + out.err
+
+
+# --- integers the apiserver decodes as int32 (metav1.Status.Code, StatusDetails.RetryAfterSeconds) ---
+
+INT32_MAX = 2**31 - 1
+INT32_MIN = -(2**31)
+
+
+def answering(allowed: bool, status: dict[str, Any]) -> Reply:
+    def reply(doc: dict[str, Any]) -> bytes:
+        response = {"uid": doc["request"]["uid"], "allowed": allowed, "status": status}
+        return json.dumps(
+            {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}
+        ).encode()
+
+    return reply
+
+
+def _go_field(value: int, struct: str, path: str) -> str:
+    return f"json: cannot unmarshal number {value} into Go struct field {struct}.{path} of type int32"
+
+
+INT32_CASES: list[Any] = [
+    pytest.param(
+        answering(False, {"code": INT32_MAX + 1, "message": "no"}),
+        "Fail",
+        (False, _go_field(INT32_MAX + 1, "Status", "response.status.code")),
+        id="REV-08/FPT-02: a status.code above int32 is a call error, denying under Fail",
+    ),
+    pytest.param(
+        answering(False, {"code": INT32_MIN - 1, "message": "no"}),
+        "Fail",
+        (False, _go_field(INT32_MIN - 1, "Status", "response.status.code")),
+        id="REV-08: a status.code below int32 is a call error",
+    ),
+    pytest.param(
+        answering(True, {"code": 10**30}),
+        "Fail",
+        (False, _go_field(10**30, "Status", "response.status.code")),
+        id="REV-08: an allowing reply's status is decoded too: beyond int32 it is a call error",
+    ),
+    pytest.param(
+        answering(False, {"code": INT32_MAX + 1, "message": "no"}),
+        "Ignore",
+        (True, None),
+        id="REV-08/FPT-03: a status.code beyond int32 is a call error ignored under Ignore",
+    ),
+    pytest.param(
+        answering(False, {"code": 429, "message": "no", "details": {"retryAfterSeconds": INT32_MAX + 1}}),
+        "Fail",
+        (
+            False,
+            _go_field(INT32_MAX + 1, "StatusDetails", "response.status.details.retryAfterSeconds"),
+        ),
+        id="REV-08/FPT-02: a status.details.retryAfterSeconds beyond int32 is a call error",
+    ),
+    pytest.param(
+        answering(False, {"code": INT32_MAX, "message": "no", "details": {"retryAfterSeconds": INT32_MAX}}),
+        "Fail",
+        (False, 'admission webhook "big.example.com" denied the request: no'),
+        id="ERR-01: int32's largest code and retryAfterSeconds pass through unchanged",
+    ),
+]
+
+
+def _integers(value: Any) -> list[int]:
+    """Every integer in a decoded JSON value (booleans excepted)."""
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, dict):
+        return [i for v in value.values() for i in _integers(v)]
+    if isinstance(value, list):
+        return [i for v in value for i in _integers(v)]
+    return []
+
+
+@pytest.mark.parametrize(("reply", "policy", "expected"), INT32_CASES)
+async def test_integers_beyond_int32_never_reach_the_reply(
+    nursery: trio.Nursery, tmp_path: Path, reply: Reply, policy: str, expected: tuple[bool, str | None]
+) -> None:
+    """The apiserver decodes ``status.code`` and ``status.details.retryAfterSeconds`` as int32: a
+    backend reply with a larger one is that backend's call error (as upstream's decoder makes it),
+    never forwarded into a gateway reply the apiserver could not decode at all."""
+    port = await nursery.start(serve_replies, reply, 200)
+    hooks = [hook("big.example.com", f"http://127.0.0.1:{port}/", failurePolicy=policy)]
+    write_config(tmp_path / "config", validating={"c": hooks})
+    running = await start_gateway(nursery, tmp_path / "config")
+    client = await gateway_client(running)
+    resp = await client.post("/validate?timeout=10s", json.dumps(review()).encode())
+    assert resp is not None and resp.status == 200, resp and resp.body
+    response = resp.json["response"]
+    allowed, mentions = expected
+    assert response["allowed"] is allowed, response
+    if mentions is not None:
+        assert mentions in response["status"]["message"], response["status"]
+    assert all(INT32_MIN <= i <= INT32_MAX for i in _integers(response)), response

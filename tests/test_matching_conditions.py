@@ -206,6 +206,15 @@ def run(
             id="MAT-28: identical error texts appear once, without brackets",
         ),
         pytest.param(
+            [("a", "object.metadata.labels['missing'] == 'x'")],
+            "Fail",
+            False,
+            "expression 'object.metadata.labels['missing'] == 'x'' resulted in error: no such key: missing",
+            False,
+            1,
+            id="MAT-28: an index into a map names the missing key, as cel-go does",
+        ),
+        pytest.param(
             [("a", "namespaceObject")],
             "Fail",
             False,

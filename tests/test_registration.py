@@ -25,8 +25,10 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from gateway.admission import AdmissionAttributes, GroupVersionKind, GroupVersionResource
-from gateway.config.load import load_directory, load_documents
+from gateway.config import defaults, schema, types
+from gateway.config.load import load_directory
 from gateway.config.model import Rule
+from gateway.config.validation import validate_configuration
 from gateway.errors import ConfigError
 from gateway.matching.rules import CompiledRule, is_cluster_scoped
 from gateway.registration import DEFAULT_EXCLUDED_RESOURCES, Settings, compare, compute
@@ -247,8 +249,11 @@ def test_registration_union_property(tmp_path: Path, rules: list[Doc]) -> None:
     except ConfigError:
         assume(False)  # rules the apiserver would refuse (CFG-18/19)
     assert agree(validating, backends)[:5] == []
-    # and the apiserver would accept the merged rules (the gateway validates like it does)
-    load_documents([("registration", validating)])
+    # and the apiserver would accept the merged rules (the gateway validates like it does; loading it
+    # as a backend configuration is refused, as the gateway's own registration)
+    decoded = schema.decode(validating, types.ValidatingWebhookConfiguration)
+    assert decoded.errors == []
+    assert validate_configuration(defaults.default_configuration(decoded.value)).errors == []
 
 
 # --- fields --------------------------------------------------------------------------------------
@@ -412,6 +417,16 @@ CLI_ERRORS = [
         "--ca-bundle /nonexistent/ca.pem: No such file or directory",
         id="a missing CA file is one clear line",
     ),
+    pytest.param(
+        ["--url", "http://127.0.0.1:8443"],
+        "--url: Invalid value: \"http\": 'https' is the only allowed URL scheme",
+        id="--url: the apiserver calls webhooks over https only (CFG-14)",
+    ),
+    pytest.param(
+        ["--url", "https://gw:secret@127.0.0.1:8443"],
+        '--url: Invalid value: "gw:xxxxx": user information is not permitted in the URL',
+        id="--url: no user information, and the password is never echoed (CFG-14)",
+    ),
 ]
 
 
@@ -421,6 +436,17 @@ def test_cli_errors(tmp_path: Path, args: list[str], message: str) -> None:
     result = run_cli("registration", "--config", str(tmp_path), *args)
     assert (result.returncode, result.stdout) == (1, "")
     assert result.stderr.startswith(f"webhook-gateway: error: {message}") and result.stderr.count("\n") == 1
+
+
+def test_url_registers_client_config_url_instead_of_the_service(tmp_path: Path) -> None:
+    """--url: both webhooks call HOST:PORT plus their endpoint path; no service reference is left."""
+    write_config(
+        tmp_path, validating={"v": [hook("a.example.com", URL)]}, mutating={"m": [hook("b.example.com", URL)]}
+    )
+    result = run_cli("registration", "--config", str(tmp_path), "--url", "https://127.0.0.1:8443/")
+    assert result.returncode == 0, result.stderr
+    configs = [d["webhooks"][0]["clientConfig"] for d in yaml.safe_load_all(result.stdout) if d]
+    assert configs == [{"url": "https://127.0.0.1:8443/validate"}, {"url": "https://127.0.0.1:8443/mutate"}]
 
 
 def test_cli_refuses_a_bad_configuration(tmp_path: Path) -> None:

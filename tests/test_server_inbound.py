@@ -8,6 +8,7 @@ what a well-behaved caller and the metrics see.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import resource
 import signal
@@ -22,6 +23,7 @@ import pytest
 import trio
 
 from gateway.devtools.backends import serve_backend
+from tests.support.gateway import review
 from tests.support.inbound import (
     CONTINUATION,
     DATA,
@@ -30,10 +32,12 @@ from tests.support.inbound import (
     HEADERS,
     PING,
     PREFACE,
+    REFUSED_STREAM,
     RST_STREAM,
     WINDOW_UPDATE,
     Gateway,
     H2Client,
+    RawH2,
     close_wait_sockets,
     closed_by_peer,
     frame,
@@ -486,6 +490,38 @@ async def test_h2_control_frame_floods_get_goaway_enhance_your_calm(
     assert gw.counter("h2_goaways", "flood") == 1
     assert await _eventually(lambda: gw.in_flight == 0)
     assert await _well_behaved(gw) == 200
+
+
+async def test_h2_stream_over_the_limit_is_refused_alone(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """RFC 9113 §5.1.2: the 251st concurrent stream gets RST_STREAM REFUSED_STREAM, and only it: the
+    250 reviews in flight are answered, and the connection takes a new stream once they are."""
+    backend = await nursery.start(lambda task_status: serve_backend(task_status=task_status))
+    gw = await start(
+        nursery,
+        tmp_path,
+        f"http://127.0.0.1:{backend.port}/sleep/1000/allow",
+        "--max-connections-per-backend",
+        "300",
+    )
+    client = await RawH2.open(gw.port)
+    body = json.dumps(review()).encode()
+    first = list(range(1, 501, 2))  # 250 streams: the gateway's SETTINGS_MAX_CONCURRENT_STREAMS
+    for sid in first:
+        await client.post(sid, body)
+    assert await _eventually(lambda: gw.in_flight == 250, within=10.0)
+    await client.post(501, body)
+    assert await client.until(lambda: 501 in client.resets)
+    assert client.resets == {501: REFUSED_STREAM}
+    assert await client.until(lambda: client.ended >= set(first), within=20.0)
+    assert {client.statuses[sid] for sid in first} == {200}
+    assert client.goaway is None
+    assert not client.closed
+    await client.post(503, body)
+    assert await client.until(lambda: 503 in client.ended)
+    assert client.statuses[503] == 200
+    assert await _eventually(lambda: gw.counter("inbound_requests", "validating", "200") == 251)
+    assert gw.counter("inbound_requests", "validating", "499") == 0
+    assert gw.counter("inbound_closed", "stream_limit") == 1
 
 
 async def test_h2_hpack_bomb_is_contained(nursery: trio.Nursery, tmp_path: Path) -> None:

@@ -268,6 +268,30 @@ async def test_calls_spread_over_the_pods_and_drain_a_terminating_one(
         assert len(pods[0].requests) == before
 
 
+async def test_conversion_calls_spread_over_the_pods_too(nursery: trio.Nursery) -> None:
+    """CNV-15: a CRD's conversion backend behind a clientConfig.service is balanced over its pods
+    like an admission backend (one outbound caller), TLS verified against the service DNS name."""
+    from gateway.config.load import load_documents
+    from gateway.conversion.convert import ConversionService
+    from tests.support.conversion import CRD, conversion_review, crd, crontab
+
+    ca = trustme.CA()
+    pods = await _pods(nursery, ca, ["127.0.0.2", "127.0.0.3"])
+    router = EndpointRouter(trio.current_time, rng=random.Random(4))
+    router.update(SERVICE, [ServiceEndpoint(p.host, p.port, True, False) for p in pods])
+    service = {"namespace": "team-a", "name": "hook", "path": "/convert", "port": 443}
+    snapshot = load_documents([("crd.yaml", crd(service=service, ca_bundle=ca.cert_pem.bytes()))])
+    body = json.dumps(conversion_review([crontab()])).encode()
+    async with ClientPool() as pool:
+        conversions = ConversionService(BackendCaller(pool, endpoints=router))
+        for _ in range(40):
+            await conversions.handle(snapshot, CRD, body, deadline=trio.current_time() + 5)
+    counts = [len(p.requests) for p in pods]
+    assert all(c > 0 for c in counts) and sum(counts) == 40, counts
+    assert pods[0].requests[0].headers["host"] == f"{DNS_NAME}:443"
+    assert referenced_services(snapshot) == {SERVICE}, "the gateway watches the conversion service's pods"
+
+
 async def test_tls_is_verified_against_the_service_name_not_the_pod_address(nursery: trio.Nursery) -> None:
     """A pod whose certificate is not for the service DNS name is refused, as with DNS."""
     ca = trustme.CA()

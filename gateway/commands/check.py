@@ -12,6 +12,8 @@ import sys
 from dataclasses import dataclass
 
 from gateway.commands.options import Parser, add_option
+from gateway.config.migration import WARNING_CODES as MIGRATION_WARNING_CODES
+from gateway.config.trust import WARNING_CODES as CA_WARNING_CODES
 from gateway.errors import ConfigProblem
 
 SUMMARY = "validate configuration files, directories or stdin; exit 1 on errors"
@@ -22,13 +24,17 @@ WARNING_CODES = {
     "match-policy-equivalent": "Equivalent would reach this webhook through another group/version",
     "timeouts-add-up": "webhooks that can match the same request have more timeout than the gateway's budget",
     "ca-bundle": "caBundle holds no usable certificate",
+    **CA_WARNING_CODES,
+    **MIGRATION_WARNING_CODES,
     "registration": "the --registration file is broader or stricter than the configuration needs",
     "other": "any other warning",
 }
 
 
 def warning_code(problem: ConfigProblem) -> str:
-    """The code of a warning, from where it points (the loader's problems carry no code of their own)."""
+    """The code of a warning: its own, else from where it points."""
+    if problem.code:
+        return problem.code
     if problem.message == "unknown field":
         return "unknown-field"
     if problem.path.endswith("matchPolicy"):

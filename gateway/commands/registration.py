@@ -49,6 +49,11 @@ def build_parser(prog: str) -> Parser:
     )
     p.add_option("--service", help="the gateway's Service", default="webhook-gateway")
     p.add_option("--port", help="the Service port", type=int, default=443)
+    p.add_option(
+        "--url",
+        help="https://HOST:PORT of a gateway outside the cluster network (e.g. beside the apiserver on a "
+        "control-plane host): registers clientConfig.url instead of the --service reference",
+    )
     p.add_option("--validate-path", help="path of the validating endpoint", default="/validate")
     p.add_option("--mutate-path", help="path of the mutating endpoint", default="/mutate")
     p.add_option("--ca-bundle", help="PEM file of the CA that signed the serving certificate (caBundle)")
@@ -127,12 +132,19 @@ def settings_from(options: Namespace) -> Settings:
             raise ValueError(f"--ca-bundle {options.ca_bundle}: {exc.strerror or exc}") from None
         if b"-----BEGIN CERTIFICATE-----" not in ca_bundle:
             raise ValueError(f"--ca-bundle {options.ca_bundle}: no PEM certificate in the file")
+    if options.url:
+        from gateway.config.validation import validate_url
+
+        problems = validate_url(options.url, "--url", strict_https=True)
+        if problems:
+            raise ValueError(str(problems[0]))
     unique = {(e.group, e.resource): e for e in resources if (e.group, e.resource) not in kept}
     return Settings(
         name=options.name,
         namespace=options.namespace,
         service=options.service,
         port=options.port,
+        url=options.url or "",
         validate_path=options.validate_path,
         mutate_path=options.mutate_path,
         ca_bundle=ca_bundle,

@@ -5,9 +5,11 @@ webhook name of that object, or ``"*"`` for all of them, to settings::
 
     "*": {circuitBreaker: {consecutiveFailures: 5, openSeconds: 10}, maxInFlight: 200}
     new-check.team-a.example.com: {mode: Shadow}
+    "*": {caFrom: {secret: {namespace: team-a, name: policy-ca, key: ca.crt}}}
 
-A named entry overrides ``"*"`` field by field (inside ``circuitBreaker`` too); an explicit
-``null`` turns an inherited protection off for that webhook. Problems are field errors whose path
+``caFrom`` names where the backend's CA bundle is kept (``gateway.config.trust``). A named entry
+overrides ``"*"`` field by field (inside ``circuitBreaker`` too); an explicit ``null`` turns an
+inherited protection (or reference) off for that webhook. Problems are field errors whose path
 names the annotation and the key, e.g.
 ``metadata.annotations[webhook-gateway.io/backend-policy][*].maxInFlight: Invalid value: 0: ...``.
 Pure: no I/O; the result is attached to each ``Webhook`` of the snapshot.
@@ -24,6 +26,7 @@ import msgspec
 import yaml
 
 from gateway.config.fielderrors import FieldError, child, invalid, invalid_omitting_value, key, not_supported
+from gateway.config.trust import CA_FROM, CaReference, parse_ca_from
 
 ANNOTATION: Final = "webhook-gateway.io/backend-policy"
 ALL_WEBHOOKS: Final = "*"
@@ -38,7 +41,7 @@ MAX_CONSECUTIVE_FAILURES: Final = 10_000
 MAX_OPEN_SECONDS: Final = 3600.0
 MAX_IN_FLIGHT: Final = 1_000_000
 
-_ENTRY_FIELDS: Final = ("circuitBreaker", "maxInFlight", "mode")
+_ENTRY_FIELDS: Final = (CA_FROM, "circuitBreaker", "maxInFlight", "mode")
 _BREAKER_FIELDS: Final = ("consecutiveFailures", "openSeconds")
 
 
@@ -50,11 +53,15 @@ class CircuitBreakerPolicy(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class BackendPolicy(msgspec.Struct, frozen=True, kw_only=True):
-    """One backend's resilience settings; the default protects nothing and enforces."""
+    """One backend's settings: resilience and rollout mode, and where its CA bundle comes from.
+
+    The default protects nothing, enforces, and trusts the configuration's own ``caBundle``.
+    """
 
     circuit_breaker: CircuitBreakerPolicy | None = None
     max_in_flight: int | None = None
     mode: BackendMode = "Enforce"
+    ca_from: CaReference | None = None
 
     def describe(self) -> str:
         """A one-line summary for ``check``: ``mode=Shadow circuitBreaker=5/10s maxInFlight=200``."""
@@ -63,6 +70,8 @@ class BackendPolicy(msgspec.Struct, frozen=True, kw_only=True):
             parts.append(f"circuitBreaker={cb.consecutive_failures}/{cb.open_seconds:g}s")
         if self.max_in_flight is not None:
             parts.append(f"maxInFlight={self.max_in_flight}")
+        if self.ca_from is not None:
+            parts.append(f"caFrom={self.ca_from.describe()}")
         return " ".join(parts)
 
 
@@ -90,6 +99,7 @@ class PolicyAnnotation:
         breaker = entry.get("circuitBreaker")
         limit = entry.get("maxInFlight")
         mode = entry.get("mode", "Enforce")
+        ca_from = entry.get(CA_FROM)
         return BackendPolicy(
             circuit_breaker=None
             if not isinstance(breaker, Mapping)
@@ -99,6 +109,7 @@ class PolicyAnnotation:
             ),
             max_in_flight=limit if isinstance(limit, int) else None,
             mode=mode if mode in MODES else "Enforce",
+            ca_from=ca_from.for_webhook(name) if isinstance(ca_from, CaReference) else None,
         )
 
 
@@ -188,6 +199,12 @@ def _entry(value: object, path: str, found: ParsedPolicy) -> dict[str, object]:
         elif k == "maxInFlight":
             if v is None or _integer(v, p, 1, MAX_IN_FLIGHT, found):
                 ok[k] = v
+        elif k == CA_FROM:
+            parsed = parse_ca_from(v, p)
+            found.errors.extend(parsed.errors)
+            found.warnings.extend(parsed.warnings)
+            if not parsed.errors:
+                ok[k] = parsed.reference  # None: an explicit null turns an inherited reference off
         elif k == "mode":
             if v in MODES:
                 ok[k] = v

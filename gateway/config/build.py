@@ -20,6 +20,7 @@ from gateway.config import model, overlap, selectors, types
 from gateway.config.backend_policy import PolicyAnnotation, policy_for
 from gateway.config.cel import CompiledCondition
 from gateway.config.fielderrors import FieldError, child, index, invalid_omitting_value
+from gateway.config.trust import CaReference
 from gateway.config.validation import selector_build_error
 from gateway.errors import ConfigProblem
 
@@ -95,7 +96,9 @@ def compile_selector(selector: types.LabelSelector | None) -> selectors.LabelSel
 # --- webhooks ------------------------------------------------------------------------------------
 
 
-def _client_config(cc: types.WebhookClientConfig | None, ca_bundle: bytes) -> model.ClientConfig:
+def _client_config(
+    cc: types.WebhookClientConfig | None, ca_bundle: bytes, ca_from: CaReference | None = None
+) -> model.ClientConfig:
     cc = cc or types.WebhookClientConfig()
     service = None
     if cc.service is not None:
@@ -105,7 +108,7 @@ def _client_config(cc: types.WebhookClientConfig | None, ca_bundle: bytes) -> mo
             path=cc.service.path,
             port=cc.service.port if cc.service.port is not None else 443,
         )
-    return model.ClientConfig(url=cc.url, service=service, ca_bundle=ca_bundle)
+    return model.ClientConfig(url=cc.url, service=service, ca_bundle=ca_bundle, ca_from=ca_from)
 
 
 def _rule(rule: types.RuleWithOperations) -> model.Rule:
@@ -129,13 +132,14 @@ def build_webhook(
 ) -> model.Webhook:
     """One defaulted, validated ``webhooks[]`` element as the internal model (CFG-05)."""
     reinvocation = hook.reinvocation_policy if isinstance(hook, types.MutatingWebhook) else None
+    policy = policy_for(accepted.backend_policy, hook.name or "")
     return model.Webhook(
         name=hook.name or "",
         configuration=accepted.name,
         kind=accepted.kind,
         identity=identity,
         index=position,
-        client_config=_client_config(hook.client_config, ca_bundle),
+        client_config=_client_config(hook.client_config, ca_bundle, policy.ca_from),
         rules=tuple(_rule(r) for r in hook.rules or ()),
         failure_policy=cast(model.FailurePolicy, hook.failure_policy),
         match_policy=cast(model.MatchPolicy, hook.match_policy),
@@ -147,7 +151,7 @@ def build_webhook(
         reinvocation_policy=cast(model.ReinvocationPolicy, reinvocation or "Never"),
         match_conditions=conditions,
         source=accepted.source,
-        backend_policy=policy_for(accepted.backend_policy, hook.name or ""),
+        backend_policy=policy,
     )
 
 

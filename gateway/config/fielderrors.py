@@ -83,6 +83,7 @@ class FieldError:
     path: str
     body: str
     ratchet: bool = False
+    code: str = ""  # a warning's code for `check` (its --ignore-warning), where it has one of its own
 
     def __str__(self) -> str:
         return f"{self.path}: {self.body}"

@@ -20,9 +20,10 @@ from typing import Final, Literal
 import msgspec
 import yaml
 
-from gateway.config import build, crd, defaults, model, schema, types
-from gateway.config.backend_policy import parse_backend_policy
+from gateway.config import build, crd, defaults, model, schema, trust, types
+from gateway.config.backend_policy import parse_backend_policy, policy_for
 from gateway.config.fielderrors import FieldError, child, go_quote, index
+from gateway.config.migration import own_registration_errors, parked_warnings
 from gateway.config.validation import validate_configuration, validate_namespace
 from gateway.errors import ConfigError, ConfigProblem
 
@@ -92,10 +93,11 @@ class _Loader:
         name: str = "",
         path: str = "",
         severity: Literal["error", "warning"] = "error",
+        code: str = "",
     ) -> None:
         if not kind:
             path = ".".join(p for p in (doc.location, path) if p)
-        self.problems.append(ConfigProblem(doc.source, message, kind, name, path, severity))
+        self.problems.append(ConfigProblem(doc.source, message, kind, name, path, severity, code))
 
     def field_problems(
         self,
@@ -114,7 +116,7 @@ class _Loader:
         for e in errors:
             level: Literal["error", "warning"] = "warning" if (self.lax and e.ratchet) else severity
             count += level == "error"
-            self.problem(doc, e.body, kind=kind, name=name, path=e.path, severity=level)
+            self.problem(doc, e.body, kind=kind, name=name, path=e.path, severity=level, code=e.code)
         return count
 
     def place(self, doc: _Document) -> str:
@@ -211,6 +213,20 @@ class _Loader:
         policy = parse_backend_policy(meta.annotations, [h.name or "" for h in config.webhooks or ()])
         failed += self.field_problems(doc, kind_name, name, policy.errors)
         self.field_problems(doc, kind_name, name, policy.warnings, severity="warning")
+        failed += self.field_problems(doc, kind_name, name, own_registration_errors(config))
+        self.field_problems(doc, kind_name, name, parked_warnings(config), severity="warning")
+        for i, hook in enumerate(config.webhooks or ()):
+            cc = hook.client_config
+            warnings = trust.ca_warnings(
+                path=child(index("webhooks", i), "clientConfig"),
+                has_service=cc is not None and cc.service is not None,
+                ca_bundle=bundles[i],
+                ca_from=policy_for(policy.annotation, hook.name or "").ca_from,
+                kind=kind_name,
+                config_name=name,
+                annotations=meta.annotations,
+            )
+            self.field_problems(doc, kind_name, name, warnings, severity="warning")
         unique = self.register(doc, kind_name, name)
         if failed or not unique:
             return

@@ -16,6 +16,7 @@ from gateway.config.backend_policy import DEFAULT_POLICY, BackendPolicy
 from gateway.config.cel import CompiledCondition
 from gateway.config.plan import PlanSet
 from gateway.config.selectors import LabelSelector
+from gateway.config.trust import CaReference
 from gateway.errors import ConfigProblem
 
 WebhookKind = Literal["validating", "mutating"]
@@ -48,12 +49,15 @@ class ServiceReference(msgspec.Struct, frozen=True, kw_only=True):
 class ClientConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Where and how to call a backend: exactly one of ``url`` and ``service`` (CFG-13).
 
-    ``ca_bundle`` is the decoded PEM bytes (``b""`` when absent: system roots, TRN-06).
+    ``ca_bundle`` is the decoded PEM bytes (``b""`` when absent: system roots, TRN-06). ``ca_from``,
+    when set (the backend-policy annotation's ``caFrom``), is where the CA bundle is read instead:
+    the static ``ca_bundle`` is then not used.
     """
 
     url: str | None = None
     service: ServiceReference | None = None
     ca_bundle: bytes = b""
+    ca_from: CaReference | None = None
 
 
 class Webhook(msgspec.Struct, frozen=True, kw_only=True):

@@ -85,19 +85,8 @@ def encode_backend_request(
     version: ReviewVersion, *, uid: str, desired_api_version: str, objects: tuple[bytes, ...]
 ) -> bytes:
     """CNV-07: the review sent to the backend, in its negotiated version, with a fresh uid."""
-    return b"".join(
-        (
-            b'{"apiVersion":"',
-            api_version(version).encode(),
-            b'","kind":"ConversionReview","request":{"uid":',
-            _encoder.encode(uid),
-            b',"desiredAPIVersion":',
-            _encoder.encode(desired_api_version),
-            b',"objects":[',
-            b",".join(objects),
-            b"]}}",
-        )
-    )
+    desired = b',"desiredAPIVersion":' + _encoder.encode(desired_api_version)
+    return _review(version, b"request", uid, desired, key=b"objects", objects=objects)
 
 
 def encode_reply(
@@ -107,17 +96,30 @@ def encode_reply(
     if failure is None:
         result = b'{"status":"Success"}'
     else:
-        result = _encoder.encode({"status": "Failure", "message": failure})
+        result, objects = _encoder.encode({"status": "Failure", "message": failure}), ()
+    return _review(
+        version, b"response", uid, b',"result":' + result, key=b"convertedObjects", objects=objects
+    )
+
+
+def _review(
+    version: ReviewVersion, member: bytes, uid: str, fields: bytes, *, key: bytes, objects: tuple[bytes, ...]
+) -> bytes:
+    """A ConversionReview whose ``member`` holds ``uid``, the encoded ``fields`` and, last, the list
+    ``key`` of objects: their bytes spliced in as they are, never re-encoded."""
     return b"".join(
         (
             b'{"apiVersion":"',
             api_version(version).encode(),
-            b'","kind":"ConversionReview","response":{"uid":',
+            b'","kind":"ConversionReview","',
+            member,
+            b'":{"uid":',
             _encoder.encode(uid),
-            b',"result":',
-            result,
-            b',"convertedObjects":[',
-            b",".join(objects) if failure is None else b"",
+            fields,
+            b',"',
+            key,
+            b'":[',
+            b",".join(objects),
             b"]}}",
         )
     )

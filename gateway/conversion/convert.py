@@ -3,21 +3,22 @@
 ``ConversionService.handle`` takes a caller's body and deadline and returns the HTTP answer: 404
 with a Status for an unknown CRD (CNV-01), 400 for a malformed review (CNV-04), otherwise HTTP 200
 in the caller's version with ``Success`` or ``Failure`` (CNV-05, CNV-13: no failurePolicy). The
-backend is called over the gateway's shared client pool with the admission backends' per-host
-credentials (CNV-15, §10), through ``SharedTransport``; the facts of every conversion go to
-``on_finished`` as a ``ConversionReport`` (metrics and the canonical log line).
+backend is called through the gateway's one outbound caller (``gateway.transport.caller``), as the
+admission backends are: same targets, TLS, per-host credentials, endpoint balancing and error
+mapping (CNV-15, §10); the facts of every conversion go to ``on_finished`` as a
+``ConversionReport`` (metrics and the canonical log line).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Final
 
 import structlog
 import trio
 
-from gateway.config.model import ClientConfig, ConversionEntry, Snapshot
+from gateway.config.model import ConversionEntry, Snapshot
 from gateway.conversion.cache import ConversionCache
 from gateway.conversion.codec import (
     ConversionRequest,
@@ -36,73 +37,14 @@ from gateway.conversion.verify import (
     verify_review,
 )
 from gateway.dispatch.status import http_error_cause
-from gateway.errors import BadReview, ClientConfigError, ResponseTooLarge, TransportError, TransportTimeout
+from gateway.errors import BadReview, CallingWebhookError
 from gateway.review import encode_status, new_request_uid
-from gateway.tracing import child_traceparent
 from gateway.transport.caller import BackendCaller
-from gateway.transport.resolve import resolve_target
 
 log = structlog.get_logger("gateway.conversion")
 
 NO_SUPPORTED_VERSIONS: Final = "no supported conversion review versions"
-_GUARD_SECONDS: Final = 0.05  # slack over the transport's own deadline (admission calls have none)
 _SPOKEN: Final[dict[str, ReviewVersion]] = {"v1": "v1", "v1beta1": "v1beta1"}
-
-
-# --- the transport port ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Reply:
-    status: int
-    content_type: str
-    body: bytes
-
-
-class ConversionTransport(Protocol):
-    """POSTs one ConversionReview within ``timeout_seconds``; raises ``ConversionFailedError`` (call)."""
-
-    async def post(self, client_config: ClientConfig, body: bytes, *, timeout_seconds: float) -> Reply: ...
-
-    def url(self, client_config: ClientConfig) -> str:
-        """The backend URL without query, for messages and logs."""
-        ...
-
-
-class SharedTransport:
-    """The admission backends' transport, reused: same pool, TLS, credentials (read at call time,
-    so credential rotation applies to conversions too), same http-only-to-loopback rule (CFG-15)."""
-
-    def __init__(self, backend_caller: BackendCaller) -> None:
-        self._caller = backend_caller  # its pool and its (reloadable) credentials
-
-    def url(self, client_config: ClientConfig) -> str:
-        try:
-            target = resolve_target(client_config, self._caller.credentials)
-        except ClientConfigError:
-            return client_config.url or ""
-        return f"{target.scheme}://{target.authority}{target.path}"
-
-    async def post(self, client_config: ClientConfig, body: bytes, *, timeout_seconds: float) -> Reply:
-        try:
-            target = resolve_target(client_config, self._caller.credentials)
-        except ClientConfigError as exc:
-            raise ConversionFailedError(f"could not get REST client: {exc}", CALL_FAILURE) from None
-        trace = child_traceparent()
-        headers = ((b"traceparent", trace.encode()),) if trace else ()
-        url = target.url_for(timeout_seconds)
-        try:
-            response = await self._caller.pool.post(
-                target, body=body, headers=headers, timeout_seconds=timeout_seconds
-            )
-        except TransportTimeout as exc:
-            raise ConversionFailedError(f'Post "{url}": {exc.cause}', CALL_FAILURE, timed_out=True) from None
-        except ResponseTooLarge as exc:
-            raise ConversionFailedError(f'Post "{url}": {exc.cause}', CALL_FAILURE) from None
-        except TransportError as exc:
-            raise ConversionFailedError(f'Post "{url}": {exc.cause}', CALL_FAILURE) from None
-        content_type = response.header(b"content-type") or b""
-        return Reply(response.status, content_type.decode("latin-1"), response.body)
 
 
 # --- the report ------------------------------------------------------------------------------------
@@ -159,12 +101,12 @@ class ConversionService:
 
     def __init__(
         self,
-        transport: ConversionTransport,
+        caller: BackendCaller,
         *,
         cache: ConversionCache | None = None,
         on_finished: Callable[[ConversionReport], None] | None = None,
     ) -> None:
-        self.transport = transport
+        self.caller = caller
         self.cache = cache
         self.on_finished = on_finished
 
@@ -189,7 +131,7 @@ class ConversionService:
                 return 400, encode_status(400, "BadRequest", str(exc))
             report.uid, report.inbound_version = request.uid, request.version
             report.objects = len(request.objects)
-            report.backend = self.transport.url(entry.client_config)
+            report.backend = self.caller.url_for(entry.client_config)
             report.to_version = _version_label(request.desired_api_version, entry)
             if request.objects:
                 first = object_head(request.objects[0])
@@ -262,7 +204,7 @@ class ConversionService:
         report.review_version = version
         remaining = deadline - trio.current_time()
         if remaining <= 0:
-            url = f"{report.backend}?timeout=0s"
+            url = self.caller.url_for(entry.client_config, timeout_seconds=0)
             raise ConversionFailedError(
                 f'Post "{url}": context deadline exceeded', CALL_FAILURE, timed_out=True
             )
@@ -273,15 +215,12 @@ class ConversionService:
         report.called = True
         started = trio.current_time()
         try:
-            with trio.move_on_after(remaining + _GUARD_SECONDS) as guard:
-                reply = await self.transport.post(entry.client_config, body, timeout_seconds=remaining)
+            reply = await self.caller.post(entry.client_config, body, timeout_seconds=remaining)
+        except CallingWebhookError as exc:  # CNV-13: the transport's failure, as upstream words it
+            reason = f'Post "{exc.url}": {exc.cause}' if exc.url else exc.cause
+            raise ConversionFailedError(reason, CALL_FAILURE, timed_out=exc.kind == "timeout") from None
         finally:
             report.backend_seconds = trio.current_time() - started
-        if guard.cancelled_caught:
-            url = f"{report.backend}?timeout=0s"
-            raise ConversionFailedError(
-                f'Post "{url}": context deadline exceeded', CALL_FAILURE, timed_out=True
-            )
         if not 200 <= reply.status <= 206:
             cause, _code = http_error_cause(reply.status, reply.content_type, reply.body)
             raise ConversionFailedError(cause, CALL_FAILURE)

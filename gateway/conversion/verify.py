@@ -29,6 +29,7 @@ FAILURE_TYPES: Final = (
 )
 
 MAX_ANNOTATIONS_BYTES: Final = 256 * 1024  # upstream: apimachinery TotalAnnotationSizeLimitB
+_ANNOTATIONS_PATH: Final = "metadata.annotation"  # sic: upstream validates at field path metadata.annotation
 
 
 class ConversionFailedError(Exception):
@@ -42,11 +43,14 @@ class ConversionFailedError(Exception):
 
 
 class ObjectHead(msgspec.Struct, rename="camel"):
-    """What verification reads of an object: type, identity, labels and annotations."""
+    """What verification reads of an object: type, identity, labels and annotations.
+
+    ``metadata`` is ``UNSET`` when the object has none, ``None`` when it is ``null``.
+    """
 
     api_version: object = None
     kind: object = None
-    metadata: object = None
+    metadata: object = msgspec.UNSET
 
 
 _head_decoder: Final = msgspec.json.Decoder(ObjectHead)
@@ -101,12 +105,31 @@ def verify_count(converted: list[bytes], sent: int) -> None:
         raise ConversionFailedError(f"returned {len(converted)} objects, expected {sent}", PARTIAL_RESPONSE)
 
 
-def _string_map_errors(value: object, path: str) -> list[FieldError] | None:
-    """None when ``value`` is absent or a map of strings, else the error."""
-    if value == "" or value is None:
-        return None
-    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-        return [FieldError(path, "Invalid value: must be a map of strings")]
+def go_type(value: object) -> str:
+    """Go's ``%T`` of a decoded JSON value, as the apiserver's unstructured decoding makes it."""
+    # upstream: apimachinery util/json turns integral numbers into int64, the others into float64.
+    if value is None:
+        return "<nil>"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int64"
+    if isinstance(value, float):
+        return "float64"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "[]interface {}"
+    return "map[string]interface {}"
+
+
+def _string_map_error(value: object, field: str) -> str | None:
+    """Why ``metadata.<field>`` of a converted object is not a map of strings, or None."""
+    if not isinstance(value, dict):
+        return f"invalid metadata.{field} of type {go_type(value)} in converted object"
+    for key, item in value.items():
+        if not isinstance(item, str):
+            return f"metadata.{field}[{key}] must be a string, but is {go_type(item)} in converted object"
     return None
 
 
@@ -122,24 +145,32 @@ def _annotation_errors(annotations: dict[str, str]) -> list[FieldError]:
     errors: list[FieldError] = []
     total = 0
     for k, v in annotations.items():
-        errors.extend(invalid("metadata.annotations", k, m) for m in is_qualified_name(k.lower()))
+        errors.extend(invalid(_ANNOTATIONS_PATH, k, m) for m in is_qualified_name(k.lower()))
         total += len(k) + len(v)
     if total > MAX_ANNOTATIONS_BYTES:
         errors.append(
-            FieldError("metadata.annotations", f"Too long: must have at most {MAX_ANNOTATIONS_BYTES} bytes")
+            FieldError(_ANNOTATIONS_PATH, f"Too long: must have at most {MAX_ANNOTATIONS_BYTES} bytes")
         )
     return errors
 
 
 def verify_object(index: int, original: bytes, converted: bytes, desired_api_version: str) -> None:
-    """CNV-11: one converted object keeps its identity and carries the desired apiVersion."""
-    where = f"returned invalid object at index {index}"
+    """CNV-11: one converted object keeps its identity and carries the desired apiVersion.
+
+    The texts are upstream's (``webhook_converter.go``): ``returned invalid object at index <i>`` for
+    the type and identity checks, ``returned invalid metadata in object at index <i>`` for the
+    metadata's own shape, labels and annotations. One order differs: upstream compares name,
+    namespace and uid before it looks at the metadata itself, so an object without metadata reads
+    ``must have the same name: a != ``; the gateway says what is wrong, ``missing metadata in
+    converted object``.
+    """
     out = object_head(converted)
     if out is None:
         raise ConversionFailedError(
             f"returned invalid converted object at index {index}: not a JSON object", INVALID_CONVERTED_OBJECT
         )
     inp = object_head(original) or ObjectHead()
+    where = f"returned invalid object at index {index}"
     if out.api_version != desired_api_version:
         raise ConversionFailedError(
             f"{where}: invalid groupVersion "
@@ -151,22 +182,26 @@ def verify_object(index: int, original: bytes, converted: bytes, desired_api_ver
             f"{where}: invalid kind (expected {inp.kind or ''}, received {out.kind or ''})",
             INVALID_CONVERTED_OBJECT,
         )
-    where = f"returned invalid metadata in object at index {index}"
+    in_metadata = f"returned invalid metadata in object at index {index}"
+    meta = out.metadata
+    if not isinstance(meta, dict):
+        message = "missing metadata in converted object"
+        if meta is not msgspec.UNSET:
+            message = f"invalid metadata of type {go_type(meta)} in converted object"
+        raise ConversionFailedError(f"{in_metadata}: {message}", INVALID_CONVERTED_OBJECT)
     for field, label in (("name", "name"), ("namespace", "namespace"), ("uid", "UID")):
         a, b = _meta_field(inp, field), _meta_field(out, field)
         if a != b:
             raise ConversionFailedError(
                 f"{where}: must have the same {label}: {a} != {b}", INVALID_CONVERTED_OBJECT
             )
-    if not isinstance(out.metadata, dict):
-        message = "missing metadata in converted object"
-        if out.metadata is not None:
-            message = f"invalid metadata of type {type(out.metadata).__name__} in converted object"
-        raise ConversionFailedError(f"{where}: {message}", INVALID_CONVERTED_OBJECT)
     for field, check in (("labels", _label_errors), ("annotations", _annotation_errors)):
-        value = out.metadata.get(field)
-        errors = _string_map_errors(value, f"metadata.{field}")
-        if errors is None and isinstance(value, dict) and value != _meta_field(inp, field):
-            errors = check(value) or None  # only changed sets are validated, as upstream
-        if errors:
-            raise ConversionFailedError(f"{where}: {errors[0]}", INVALID_CONVERTED_OBJECT)
+        value = meta.get(field)
+        if value is None:
+            continue  # absent or null: the labels (annotations) are dropped
+        problem = _string_map_error(value, field)
+        if problem is None and value != _meta_field(inp, field):
+            errors = check(value)  # only changed sets are validated, as upstream
+            problem = str(errors[0]) if errors else None
+        if problem is not None:
+            raise ConversionFailedError(f"{in_metadata}: {problem}", INVALID_CONVERTED_OBJECT)

@@ -14,6 +14,10 @@ can point a CRD at a misbehaving backend::
     /convert/change-name | change-namespace | change-uid
     /convert/bad-labels                 adds the label value ``not a valid value!``
     /convert/missing-metadata           objects without metadata
+    /convert/metadata-not-object        ``metadata`` is a string
+    /convert/labels-not-map             ``metadata.labels`` is a list
+    /convert/non-string-label           adds the label ``converted: 5`` (a number)
+    /convert/non-string-annotation      adds the annotation ``converted: true`` (a boolean)
     /convert/not-object                 converted objects are strings
     /convert/no-response                a ConversionReview without ``response``
     /convert/wrong-uid                  ``response.uid`` differs from the request's
@@ -48,6 +52,10 @@ _TERMINALS: Final = frozenset(
         "change-uid",
         "bad-labels",
         "missing-metadata",
+        "metadata-not-object",
+        "labels-not-map",
+        "non-string-label",
+        "non-string-annotation",
         "not-object",
         "no-response",
         "wrong-uid",
@@ -92,6 +100,14 @@ def _broken(terminal: str, obj: dict[str, Any], original: dict[str, Any]) -> Any
         meta.setdefault("labels", {})["converted"] = "not a valid value!"
     elif terminal == "missing-metadata":
         del obj["metadata"]
+    elif terminal == "metadata-not-object":
+        obj["metadata"] = "converted"
+    elif terminal == "labels-not-map":
+        meta["labels"] = ["converted"]
+    elif terminal == "non-string-label":
+        meta.setdefault("labels", {})["converted"] = 5
+    elif terminal == "non-string-annotation":
+        meta.setdefault("annotations", {})["converted"] = True
     elif terminal == "not-object":
         return "converted"
     return obj

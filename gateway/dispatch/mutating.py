@@ -61,7 +61,7 @@ class ChainObject:
         resp = called.response
         if not resp.allowed or resp.patch is None:  # MUT-13, or nothing to apply
             return reply_outcome(hook, called, at)
-        commit = at.enforced
+        commit = at.mode == "Enforce"
         if called.version == "v1" and resp.patch_type != JSON_PATCH:  # MUT-05
             error = CallingWebhookError(
                 f'unsupported patch type "{resp.patch_type}"', status_code=400, kind="bad_response"

@@ -204,8 +204,11 @@ class ConditionInputs:
 def _cause(exc: CELEvalError) -> str:
     # celpy's texts, reworded where cel-go has a well-known phrasing (GW-12: the dialect may differ)
     text = str(exc.args[0]) if exc.args else str(exc)
-    if text.startswith("no such member in mapping: "):
+    if text.startswith("no such member in mapping: "):  # a field selection: object.metadata.missing
         return "no such key: " + text.removeprefix("no such member in mapping: ").strip("'\"")
+    if text == "no such key" and len(exc.args) > 2 and isinstance(exc.args[2], tuple) and exc.args[2]:
+        # an index, labels['missing']: celpy keeps the key in the error's arguments, cel-go prints it
+        return f"no such key: {exc.args[2][0]}"
     head, sep, _ = text.partition(" (in activation")
     return head if sep else text
 

@@ -401,7 +401,7 @@ class Metrics:
             "inbound_connections_closed_total",
             "Inbound connections the gateway closed because a limit was reached, per reason: "
             "header_timeout, body_timeout (HTTP/2: the stream is reset), idle_timeout, write_timeout, "
-            "h2_flood.",
+            "h2_flood, stream_limit (HTTP/2: one stream over the concurrent-stream limit is refused).",
             ("reason",),
         )  # fmt: skip
         self.inbound_rejected = _counter(
@@ -463,7 +463,14 @@ class Metrics:
             self.reviews_in_flight.labels(kind)
         self.config_generation.labels()
         self.config_last_reload_ok.labels()
-        for reason in ("header_timeout", "body_timeout", "idle_timeout", "write_timeout", "h2_flood"):
+        for reason in (
+            "header_timeout",
+            "body_timeout",
+            "idle_timeout",
+            "write_timeout",
+            "h2_flood",
+            "stream_limit",
+        ):
             self.inbound_closed.labels(reason)
         for reason in ("limit", "accept_error"):
             self.inbound_rejected.labels(reason)

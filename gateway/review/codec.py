@@ -143,6 +143,28 @@ def _invalid(detail: str) -> CallingWebhookError:
     )
 
 
+_INT32: Final = range(-(2**31), 2**31)
+
+
+def _int32_error(value: int, struct: str, path: str) -> CallingWebhookError:
+    # upstream: encoding/json's UnmarshalTypeError, as the apiserver's decoder reports an overflow
+    return _decode_error(
+        f"json: cannot unmarshal number {value} into Go struct field {struct}.{path} of type int32"
+    )
+
+
+def _check_int32(status: Status) -> None:
+    """The integers of a Status the apiserver decodes as int32 (``metav1.Status.Code``,
+    ``StatusDetails.RetryAfterSeconds``): beyond that range its decoder fails the whole reply, so the
+    gateway must never forward one (REV-08)."""
+    if status.code not in _INT32:
+        raise _int32_error(status.code, "Status", "response.status.code")
+    details = status.details
+    if details is not None and details.retry_after_seconds not in _INT32:
+        path = "response.status.details.retryAfterSeconds"
+        raise _int32_error(details.retry_after_seconds, "StatusDetails", path)
+
+
 def _quote(text: str) -> str:
     """A double-quoted string literal, close to Go's ``%q`` for the texts that can occur here."""
     return _encoder.encode(text).decode()
@@ -196,6 +218,8 @@ def decode_backend_response(
         )
     response = reply.response
     patch = _decode_patch(response.patch) if response is not None and response.patch else b""
+    if response is not None and response.status is not None:
+        _check_int32(response.status)  # decoded, as upstream's, whether or not the reply allows
 
     # upstream: request/admissionreview.go VerifyAdmissionResponse
     if response is None:

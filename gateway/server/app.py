@@ -17,7 +17,6 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
-from urllib.parse import unquote
 
 import structlog
 import trio
@@ -150,7 +149,7 @@ class GatewayApp:
             await _lifespan(receive, send)
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path: str = scope["path"]
+        path = request_path(scope)
         method: str = scope["method"]
         if self.conversions is not None and path.startswith(self.settings.convert_prefix):
             await self._conversion(path, method, scope, receive, send)
@@ -284,7 +283,7 @@ class GatewayApp:
             # CNV-14: the CRD's own timeout, capped by the caller's ?timeout= minus the margin.
             budget = self._budget(scope) if _has_timeout(scope) else None
             deadline = None if budget is None else arrived + budget - self.settings.deadline_margin_seconds
-            crd_name = unquote(path[len(self.settings.convert_prefix) :])
+            crd_name = path[len(self.settings.convert_prefix) :]  # as sent, like every path
             handled: list[tuple[int, bytes]] = []
             signal = disconnect_signal(scope)
             with trio.CancelScope() as cancel:  # a caller that goes away cancels the backend call
@@ -408,6 +407,19 @@ class _DisconnectedError(Exception):
 def _has_timeout(scope: Scope) -> bool:
     """Whether the caller sent a usable ``?timeout=`` (CNV-14 falls back to the CRD's own timeout)."""
     return caller_timeout(scope.get("query_string", b"")) is not None
+
+
+def request_path(scope: Scope) -> str:
+    """The path the gateway routes on: the request's path exactly as sent (docs/inbound.md, "Paths").
+
+    Not ASGI's ``path``, which is percent-decoded: one rule for every protocol path, and no second
+    spelling of a path — ``/%6detrics`` is not ``/metrics``, ``/validate/`` is not ``/validate`` —
+    so that no filter in front of the gateway (a proxy, an L7 policy) can be walked around by
+    spelling a path differently. The apiserver sends the path of the registration as written; the
+    gateway's paths need no escapes. Under an ASGI server without ``raw_path``, ``path`` is used.
+    """
+    raw = scope.get("raw_path")
+    return raw.decode("latin-1") if raw is not None else str(scope["path"])
 
 
 def _header(scope: Scope, name: bytes) -> str:

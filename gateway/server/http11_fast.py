@@ -22,6 +22,7 @@ Sans-IO: no sockets, no trio; ``GatewayH11Protocol`` (``gateway.server.hypercorn
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from typing import Final, NamedTuple
 
 from gateway.wire.h11_private import header_field, request_line  # h11's grammar (version-checked)
@@ -102,6 +103,38 @@ def parse_plain_request(data: bytes) -> PlainRequest | None:
     if body_left < 0:  # bytes after the body: a pipelined request, h11 queues it
         return None
     return PlainRequest(method, line["target"], headers, raw_headers, body, body_left)
+
+
+def framing_error(method: bytes, target: bytes, http_version: bytes, headers: Iterable[Header]) -> int:
+    """The status a request head that h11 accepted must still be refused with (0: none).
+
+    The caller answers it and closes the connection: after faulty framing the bytes that follow
+    cannot be trusted to start the next request (the way a request is smuggled behind another).
+    The rules (docs/inbound.md, "Request framing"), on top of h11's own:
+
+    - ``Transfer-Encoding`` together with ``Content-Length``, or in an HTTP/1.0 request: 400
+      (RFC 9112 §6.1 and §6.3; h11 would let ``Transfer-Encoding`` win and keep the connection);
+    - a method with a lower-case letter: 400 (methods are case-sensitive, RFC 9110 §9.1, and every
+      method the gateway serves is upper-case; hypercorn would upper-case it);
+    - an HTTP version other than 1.0 and 1.1 in the request line: 505 (HTTP/2 comes by ALPN or as
+      the prior-knowledge preface ``PRI * HTTP/2.0``, which is not refused here).
+
+    The fast path (``parse_plain_request``) never takes such a head: its method is GET or POST, its
+    version 1.1, and it has no ``Transfer-Encoding``.
+    """
+    if http_version not in (b"1.1", b"1.0"):
+        return 0 if (method, target, http_version) == (b"PRI", b"*", b"2.0") else 505
+    if method != method.upper():
+        return 400
+    chunked = length = False
+    for name, _value in headers:  # lower-case names (as h11 iterates them)
+        if name == b"transfer-encoding":
+            chunked = True
+        elif name == b"content-length":
+            length = True
+    if chunked and (length or http_version == b"1.0"):
+        return 400
+    return 0
 
 
 def frame_reply(status: int, headers: list[Header], body: bytes) -> bytes | None:

@@ -52,6 +52,7 @@ CLOSE_REASONS: Final = (
     "idle_timeout",
     "write_timeout",
     "h2_flood",
+    "stream_limit",
     "shutdown",
 )
 REJECT_REASONS: Final = ("limit", "accept_error")

@@ -12,7 +12,7 @@ from gateway.errors import ConfigError, ConfigProblem
 from gateway.registration import Settings
 from gateway.settings import ServeSettings
 from gateway.sources.kube import KubeClient, in_cluster_config, load_kubeconfig
-from gateway.sources.registrar import KubeWriter, LeaderElection, Registrar
+from gateway.sources.registrar import LeaderElection, Registrar
 
 
 def ca_bundle_file(options: ServeSettings) -> Path:
@@ -31,7 +31,7 @@ def registrar_from(
     options: ServeSettings, snapshot: Callable[[], Snapshot], ready: Callable[[], bool]
 ) -> Registrar:
     config = load_kubeconfig(Path(options.kubeconfig)) if options.kubeconfig else in_cluster_config()
-    writer = KubeWriter(KubeClient(config, request_timeout=10.0))
+    client = KubeClient(config, request_timeout=10.0)
     bundle = ca_bundle_file(options)
     namespace = options.registration_namespace
 
@@ -52,5 +52,5 @@ def registrar_from(
         )
 
     identity = os.environ.get("POD_NAME") or socket.gethostname()
-    election = LeaderElection(writer, namespace, "webhook-gateway-registration", identity)
-    return Registrar(writer=writer, election=election, snapshot=snapshot, ready=ready, settings=settings)
+    election = LeaderElection(client, namespace, "webhook-gateway-registration", identity)
+    return Registrar(client=client, election=election, snapshot=snapshot, ready=ready, settings=settings)

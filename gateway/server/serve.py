@@ -27,7 +27,7 @@ from gateway.config.model import Snapshot
 from gateway.dispatch.engine import Dispatcher, DispatchSettings
 from gateway.dispatch.ports import NamespaceNotFoundError
 from gateway.errors import ConfigError, ConfigProblem, ListenError
-from gateway.server.app import GatewayApp, Readiness, ServerSettings
+from gateway.server.app import GatewayApp, Readiness, ServerSettings, request_path
 from gateway.server.hypercorn.config import GatewayConfig, server_config
 from gateway.server.hypercorn.listener import serve_inbound
 from gateway.server.hypercorn.version import check_versions
@@ -473,12 +473,13 @@ class _MetricsOnly:
         self.app = app
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"] == "/metrics" and scope["method"] in ("GET", "HEAD"):
+        path = request_path(scope) if scope["type"] == "http" else ""
+        if path == "/metrics" and scope["method"] in ("GET", "HEAD"):
             rendered = self.app.observer.metrics()
             if rendered is not None:
                 await self.app.respond_metrics(send, rendered)
                 return
-        if scope["type"] == "http" and scope["path"] not in ("/metrics", "/healthz", "/readyz"):
+        if scope["type"] == "http" and path not in ("/metrics", "/healthz", "/readyz"):
             body = b"not found\n"
             await send(
                 {
@@ -495,7 +496,7 @@ class _MetricsOnly:
 def _conversion_service(caller: Any, options: ServeSettings, observer: Observability) -> Any:
     """CRD conversion (CNV-01..15) over the admission backends' transport, with the opt-in cache."""
     from gateway.conversion.cache import CacheSettings, ConversionCache
-    from gateway.conversion.convert import ConversionService, SharedTransport
+    from gateway.conversion.convert import ConversionService
 
     settings = CacheSettings(
         ttl_seconds=options.conversion_cache_ttl,
@@ -503,7 +504,7 @@ def _conversion_service(caller: Any, options: ServeSettings, observer: Observabi
         max_bytes=options.conversion_cache_max_bytes,
     )
     return ConversionService(
-        SharedTransport(caller),
+        caller,
         cache=ConversionCache(settings, trio.current_time),
         on_finished=observer.conversion_finished,
     )

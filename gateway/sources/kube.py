@@ -1,6 +1,7 @@
 """A minimal Kubernetes API client: how the gateway reads its own cluster (GW-01).
 
-Only what the namespace label source needs: GET (a list or one object) and a streaming watch, over
+What the gateway's watches (``gateway.sources.reflector``) and writers need: GET (a list or one
+object), JSON requests of any verb (``request_json``, ``get_object``) and a streaming watch, over
 HTTP/1.1 on trio (the shared exchange loop, ``gateway.wire.http11``), TLS verified against the
 cluster CA (``gateway.wire.tls``). Credentials come from the pod's service account (in-cluster) or
 from a kubeconfig file (``gateway.wire.kubeconfig``). There is no connection reuse: a list or GET happens
@@ -22,7 +23,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 import trio
@@ -434,6 +435,32 @@ class KubeClient:
             finally:
                 await exchange.aclose()
         raise KubeTransportError(f'{verb} "{url}": context deadline exceeded')
+
+    async def request_json(
+        self,
+        method: str,
+        path: str,
+        body: Mapping[str, Any] | None = None,
+        *,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        """The decoded 2xx reply to ``METHOD path`` with ``body`` as JSON; ``KubeAPIError`` otherwise."""
+        data = msgspec.json.encode(body) if body is not None else b""
+        reply = await self.request(method, path, data, content_type=content_type)
+        try:
+            decoded = msgspec.json.decode(reply) if reply else {}
+        except msgspec.DecodeError as exc:
+            raise KubeError(f'{method.capitalize()} "{self.url(path)}": {exc}') from exc
+        return decoded if isinstance(decoded, dict) else {}
+
+    async def get_object(self, path: str) -> dict[str, Any] | None:
+        """The object at ``path`` as JSON, or None when it does not exist (404)."""
+        try:
+            return await self.request_json("GET", path)
+        except KubeAPIError as exc:
+            if exc.code == 404:
+                return None
+            raise
 
     async def get(self, path: str, query: Mapping[str, str] | None = None) -> bytes:
         """The body of a 2xx reply to ``GET path?query``; ``KubeAPIError`` for any other status."""

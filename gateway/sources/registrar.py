@@ -9,7 +9,7 @@ deleted by hand is put back. On shutdown, when the Deployment itself is gone or 
 uninstall, not a rolling update), the holder relaxes both registrations to ``failurePolicy: Ignore``
 so that the apiserver stops rejecting reviews once no gateway answers.
 
-The writes are plain HTTP/1.1 requests through ``KubeClient``'s connection (``gateway.sources.kube``):
+The writes go through the one API client (``gateway.sources.kube.KubeClient.request_json``):
 GET, POST (create), PUT (replace, with the read ``resourceVersion`` for optimistic concurrency: a
 409 Conflict means someone else wrote first, and the next round starts from a fresh read), and a
 JSON merge PATCH for relaxing. Every request runs under the client's deadlines.
@@ -17,7 +17,6 @@ JSON merge PATCH for relaxing. Every request runs under the client's deadlines.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -42,36 +41,6 @@ COLLECTIONS: Final = {
 MANAGED_BY: Final = {"app.kubernetes.io/managed-by": "webhook-gateway"}
 
 
-class KubeWriter:
-    """Reads and writes of single objects on one API server, over ``KubeClient``'s connections."""
-
-    def __init__(self, client: KubeClient) -> None:
-        self.client = client
-
-    async def request(
-        self,
-        method: str,
-        path: str,
-        body: Mapping[str, Any] | None = None,
-        *,
-        content_type: str = "application/json",
-    ) -> dict[str, Any]:
-        """The decoded 2xx reply; ``KubeAPIError`` (with ``code``) for any other status."""
-        data = json.dumps(body).encode() if body is not None else b""
-        reply = await self.client.request(method, path, data, content_type=content_type)
-        decoded = json.loads(reply) if reply else {}
-        return decoded if isinstance(decoded, dict) else {}
-
-    async def get(self, path: str) -> dict[str, Any] | None:
-        """The object, or None when it does not exist (404)."""
-        try:
-            return await self.request("GET", path)
-        except KubeAPIError as exc:
-            if exc.code == 404:
-                return None
-            raise
-
-
 def _micro_time(at: datetime) -> str:
     return at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # metav1.MicroTime
 
@@ -92,7 +61,7 @@ def _parse_time(text: str | None) -> datetime | None:
 class LeaderElection:
     """One candidate for a coordination.k8s.io/v1 Lease (client-go's leaderelection, reduced)."""
 
-    writer: KubeWriter
+    client: KubeClient
     namespace: str
     name: str
     identity: str
@@ -106,7 +75,7 @@ class LeaderElection:
     async def try_acquire_or_renew(self) -> bool:
         """One round: True when this candidate holds the Lease afterwards."""
         now = self.clock()
-        lease = await self.writer.get(self.path)
+        lease = await self.client.get_object(self.path)
         spec = {
             "holderIdentity": self.identity,
             "leaseDurationSeconds": self.lease_seconds,
@@ -116,7 +85,7 @@ class LeaderElection:
         }
         try:
             if lease is None:
-                await self.writer.request(
+                await self.client.request_json(
                     "POST",
                     self.path.rsplit("/", 1)[0],
                     {
@@ -140,7 +109,7 @@ class LeaderElection:
             else:
                 spec["leaseTransitions"] = int(current.get("leaseTransitions") or 0) + 1
             lease["spec"] = spec
-            await self.writer.request("PUT", self.path, lease)  # carries the read resourceVersion
+            await self.client.request_json("PUT", self.path, lease)  # carries the read resourceVersion
             return True
         except KubeAPIError as exc:
             if exc.code == 409:
@@ -149,12 +118,12 @@ class LeaderElection:
 
     async def release(self) -> None:
         """Give the Lease up at once, so that another ready replica takes over without waiting."""
-        lease = await self.writer.get(self.path)
+        lease = await self.client.get_object(self.path)
         if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
             return
         lease["spec"] = {**lease["spec"], "holderIdentity": "", "leaseDurationSeconds": 1}
         try:
-            await self.writer.request("PUT", self.path, lease)
+            await self.client.request_json("PUT", self.path, lease)
         except KubeAPIError as exc:
             if exc.code != 409:
                 raise
@@ -168,7 +137,7 @@ def _owned(doc: Mapping[str, Any]) -> tuple[Any, Any]:
 class Registrar:
     """Keeps the cluster's registrations equal to the computed ones while this replica leads."""
 
-    writer: KubeWriter
+    client: KubeClient
     election: LeaderElection
     snapshot: Callable[[], Snapshot]
     ready: Callable[[], bool]
@@ -191,14 +160,14 @@ class Registrar:
         for doc in self.desired():
             collection = COLLECTIONS[doc["kind"]]
             path = f"{collection}/{doc['metadata']['name']}"
-            current = await self.writer.get(path)
+            current = await self.client.get_object(path)
             if current is None:
-                await self.writer.request("POST", collection, doc)
+                await self.client.request_json("POST", collection, doc)
                 log.info("registration created", kind=doc["kind"], name=doc["metadata"]["name"])
                 writes += 1
             elif _owned(current) != _owned(doc):
                 replacement = {**doc, "metadata": {**doc["metadata"], **_kept_metadata(current)}}
-                await self.writer.request("PUT", path, replacement)
+                await self.client.request_json("PUT", path, replacement)
                 log.info("registration updated", kind=doc["kind"], name=doc["metadata"]["name"])
                 writes += 1
         return writes
@@ -239,11 +208,11 @@ class Registrar:
             if await self._uninstalling():
                 for doc in self.desired():
                     path = f"{COLLECTIONS[doc['kind']]}/{doc['metadata']['name']}"
-                    current = await self.writer.get(path)
+                    current = await self.client.get_object(path)
                     if current is None or not current.get("webhooks"):
                         continue
                     relaxed = [{**hook, "failurePolicy": "Ignore"} for hook in current["webhooks"]]
-                    await self.writer.request(
+                    await self.client.request_json(
                         "PATCH", path, {"webhooks": relaxed}, content_type="application/merge-patch+json"
                     )
                     log.info("registration relaxed: failurePolicy Ignore", kind=doc["kind"])
@@ -254,7 +223,7 @@ class Registrar:
 
     async def _uninstalling(self) -> bool:
         path = f"/apis/apps/v1/namespaces/{self.election.namespace}/deployments/{self.deployment}"
-        deployment = await self.writer.get(path)
+        deployment = await self.client.get_object(path)
         if deployment is None:
             return True
         if (deployment.get("metadata") or {}).get("deletionTimestamp"):

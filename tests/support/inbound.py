@@ -16,12 +16,14 @@ import trio
 from gateway.cli import parse
 from gateway.observability import Observability
 from gateway.observability.metrics import Metrics
+from gateway.server.extensions import disconnect_signal
 from gateway.server.serve import Running, serve
 from tests.support.gateway import hook, review, write_config
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
 ENHANCE_YOUR_CALM = 0xB
+REFUSED_STREAM = 0x7
 
 
 async def serve_asgi(nursery: trio.Nursery, app: Any, **settings: Any) -> tuple[int, trio.Event]:
@@ -55,6 +57,9 @@ class RecordingApp:
     def __init__(self) -> None:
         self.scopes: list[Any] = []
         self.messages: list[list[Any]] = []
+        # Per request, its disconnect signal's ``disconnected`` once its body was read (the signal
+        # itself turns true when the stream closes after the reply).
+        self.disconnected: list[bool] = []
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -72,6 +77,8 @@ class RecordingApp:
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
+        signal = disconnect_signal(scope)
+        self.disconnected.append(bool(signal is not None and signal.disconnected))
         path = scope["path"]
         if path == "/early":
             return
@@ -290,3 +297,135 @@ async def raw_goaway(stream: trio.SocketStream, within: float = 5.0) -> int | No
                 return None
             buffer += chunk
     return None
+
+
+class RawH2:
+    """An HTTP/2 client that writes its frames itself, so that it can break rules h2 keeps for its users
+    (more streams than SETTINGS_MAX_CONCURRENT_STREAMS, DATA after END_STREAM, floods of tiny frames).
+
+    HPACK comes from the ``hpack`` package (h2's own), so header blocks stay valid. It announces the
+    largest windows at once and so never has to send WINDOW_UPDATE for the server's replies. What the
+    server sends is parsed into ``statuses`` (stream → :status), ``resets`` (stream → error code),
+    ``ended`` (streams whose reply ended) and ``goaway`` (its error code); SETTINGS are acknowledged.
+    """
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        import hpack
+
+        self.stream = stream
+        self.encoder = hpack.Encoder()
+        self.decoder = hpack.Decoder()
+        self.buffer = b""
+        self.statuses: dict[int, int] = {}
+        self.resets: dict[int, int] = {}  # the first RST_STREAM's error code per stream
+        self.reset_frames = 0
+        self.ended: set[int] = set()
+        self.goaway: int | None = None
+        self.closed = False
+        self.window = 65_535  # the server's connection window for our DATA (WINDOW_UPDATE raises it)
+        self.stream_windows: dict[int, int] = {}
+        self.initial_window = 65_535
+
+    @classmethod
+    async def open(cls, port: int) -> RawH2:
+        client = cls(await trio.open_tcp_stream("127.0.0.1", port))
+        biggest = 2**31 - 1
+        await client.send(
+            PREFACE
+            + settings((4, biggest))
+            + frame(WINDOW_UPDATE, payload=(biggest - 65_535).to_bytes(4, "big"))
+        )
+        return client
+
+    def headers(
+        self, sid: int, path: str = "/validate?timeout=20s", *, method: str = "POST", end_stream: bool = False
+    ) -> bytes:
+        block = self.encoder.encode(
+            [
+                (":method", method),
+                (":scheme", "http"),
+                (":authority", "gw"),
+                (":path", path),
+                ("content-type", "application/json"),
+            ]
+        )
+        self.stream_windows[sid] = self.initial_window
+        return frame(HEADERS, 0x4 | (0x1 if end_stream else 0), sid, block)
+
+    def data(self, sid: int, payload: bytes, *, end_stream: bool = False) -> bytes:
+        """A DATA frame; its bytes are taken from the windows the server gave."""
+        self.window -= len(payload)
+        self.stream_windows[sid] = self.stream_windows.get(sid, self.initial_window) - len(payload)
+        return frame(DATA, 0x1 if end_stream else 0, sid, payload)
+
+    async def post(self, sid: int, body: bytes, path: str = "/validate?timeout=20s") -> None:
+        """HEADERS and the whole body on stream ``sid``, once the server's windows allow the body."""
+        await self.until(lambda: self.window >= len(body))
+        await self.send(self.headers(sid, path) + self.data(sid, body, end_stream=True))
+
+    async def send(self, data: bytes) -> None:
+        try:
+            await self.stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.closed = True
+
+    async def read(self) -> bool:
+        """Read once and parse what came; False once the server closed the connection."""
+        try:
+            chunk = await self.stream.receive_some(65536)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            chunk = b""
+        if not chunk:
+            self.closed = True
+            return False
+        self.buffer += chunk
+        replies = b""
+        while len(self.buffer) >= 9:
+            length = int.from_bytes(self.buffer[:3], "big")
+            if len(self.buffer) < 9 + length:
+                break
+            kind, flags = self.buffer[3], self.buffer[4]
+            sid = int.from_bytes(self.buffer[5:9], "big") & 0x7FFFFFFF
+            payload, self.buffer = self.buffer[9 : 9 + length], self.buffer[9 + length :]
+            if kind == HEADERS:
+                block = payload
+                if flags & 0x8:  # padded
+                    block = block[1 : len(block) - block[0]]
+                if flags & 0x20:  # priority
+                    block = block[5:]
+                for name, value in self.decoder.decode(block, raw=True):
+                    if name == b":status":
+                        self.statuses[sid] = int(value)
+            elif kind == RST_STREAM:
+                self.resets.setdefault(sid, int.from_bytes(payload[:4], "big"))
+                self.reset_frames += 1
+            elif kind == GOAWAY:
+                self.goaway = int.from_bytes(payload[4:8], "big")
+            elif kind == SETTINGS and not flags & 0x1:
+                for i in range(0, len(payload), 6):
+                    key, value = struct.unpack(">HI", payload[i : i + 6])
+                    if key == 4:
+                        for stream_id in self.stream_windows:
+                            self.stream_windows[stream_id] += value - self.initial_window
+                        self.initial_window = value
+                replies += frame(SETTINGS, 0x1)
+            elif kind == WINDOW_UPDATE:
+                increment = int.from_bytes(payload[:4], "big") & 0x7FFFFFFF
+                if sid == 0:
+                    self.window += increment
+                else:
+                    self.stream_windows[sid] = self.stream_windows.get(sid, self.initial_window) + increment
+            if kind in (HEADERS, DATA) and flags & 0x1:
+                self.ended.add(sid)
+        if replies:
+            await self.send(replies)
+        return True
+
+    async def until(self, done: Any, within: float = 10.0) -> bool:
+        """Read until ``done()`` holds (True), the server closes, or ``within`` seconds pass (False)."""
+        with trio.move_on_after(within):
+            while not done():
+                if not await self.read():
+                    return bool(done())
+            return True
+        return False

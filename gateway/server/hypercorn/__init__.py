@@ -21,7 +21,8 @@ module              replaces (hypercorn)         why
                                                  connections only (no process-wide patch)
 ``http11``          ``H11Protocol``              HTTP/1.1 fast path, one write per reply (speed)
 ``http_stream``     ``HTTPStream`` (HTTP/1.1)    the scope without an intermediate event (speed)
-``http2``           ``H2Protocol``               two crash fixes, control-frame budget
+``http2``           ``H2Protocol``               two crash fixes, control-frame budget, a
+                                                 stream over the limit refused alone
 ``task_group``      ``TaskGroup``                request queue, body/write deadlines, app inline
 ``request_queue``   the per-request channel      disconnect by callback (speed), body deadline
 ``config``          ``Config``                   inbound runtime for every connection; Date

@@ -1,6 +1,6 @@
 """``GatewayH11Protocol`` replaces hypercorn's ``H11Protocol`` (HTTP/1.1 on one connection).
 
-Reasons, all **measured speed** except the last (docs/performance.md has the numbers; each is per
+Reasons, all **measured speed** except the last two (docs/performance.md has the numbers; each is per
 inbound request):
 
 - **The fast path.** A plain request (``gateway.server.http11_fast``: the shape kube-apiserver
@@ -15,12 +15,18 @@ inbound request):
   ``send``), and the empty write at the end of a Content-Length message is skipped (−32 µs).
 - **Draining (a limit).** While the listener drains, every response carries ``Connection: close``
   so that callers move to another replica.
+- **Strict framing (a limit).** A request head h11 accepts is still refused, and the connection
+  closed, when its framing is faulty or its method or version is not one the gateway serves
+  (``http11_fast.framing_error``: ``Transfer-Encoding`` with ``Content-Length``, a lower-case
+  method, ``HTTP/2.0`` in the request line); ``Upgrade`` is ignored (no h2c upgrade, over TLS or
+  not); ``100 Continue`` waits until the app reads the body (a 413 comes without one).
 
-Nothing here changes what goes over the wire beyond how the same bytes are split into writes.
+The speed-ups change nothing on the wire beyond how the same bytes are split into writes.
 
 Byte-level tests: tests/test_server_http11.py (every reply shape, pipelining, keep-alive limits,
-compared with plain hypercorn over real sockets) and tests/test_server_http11_fast.py (the fast
-path's parsing and framing against h11 itself).
+compared with plain hypercorn over real sockets), tests/test_server_http11_fast.py (the fast
+path's parsing and framing against h11 itself) and tests/test_server_framing.py (the smuggling
+probes).
 """
 
 from __future__ import annotations
@@ -31,10 +37,10 @@ from typing import Any, Final
 import h11
 import trio
 from hypercorn.events import Closed, RawData, Updated
-from hypercorn.protocol.events import Body, Data, EndBody, Response, StreamClosed
-from hypercorn.protocol.h11 import STREAM_ID, H11Protocol
+from hypercorn.protocol.events import Body, EndBody, Response, StreamClosed
+from hypercorn.protocol.h11 import STREAM_ID, H2ProtocolAssumedError, H11Protocol
 
-from gateway.server.http11_fast import PlainRequest, closes, frame_reply, parse_plain_request
+from gateway.server.http11_fast import PlainRequest, closes, frame_reply, framing_error, parse_plain_request
 from gateway.server.hypercorn.config import runtime_of
 from gateway.server.hypercorn.http_stream import GatewayHTTPStream
 from gateway.wire.h11_private import Headers as H11Headers
@@ -72,11 +78,14 @@ class GatewayH11Protocol(H11Protocol):
       first hands it to h11 (``_to_h11``: h11 is given the head and the body's length, as if it
       had read them) and continues on the ordinary path below.
     - **The ordinary path.** The request head is looked at once (hypercorn walks the headers
-      twice, for an upgrade and for a WebSocket), and an ordinary request goes straight to a
-      ``GatewayHTTPStream``; upgrades (h2c, WebSocket) and the HTTP/2 preface take hypercorn's own
-      path. A body that arrives whole reaches the app as one message instead of a chunk and an
-      empty end. A response the app sends whole leaves as one write (``finish_response``); the head
-      goes out with the first body bytes in every other case too.
+      twice, for an upgrade and for a WebSocket): a head with faulty framing is refused and the
+      connection closed (``http11_fast.framing_error``), any other goes straight to a
+      ``GatewayHTTPStream`` (``Upgrade`` is ignored), and the HTTP/2 preface switches to HTTP/2.
+      The 100 Continue of ``Expect: 100-continue`` goes out when the app first reads the body, so
+      that a request refused on its head alone (413) never gets one. A body that arrives whole
+      reaches the app as one message instead of a chunk and an empty end. A response the app
+      sends whole leaves as one write (``finish_response``); the head goes out with the first
+      body bytes in every other case too.
 
     While the server drains, every response carries ``Connection: close`` so that callers move to
     another replica.
@@ -184,10 +193,6 @@ class GatewayH11Protocol(H11Protocol):
         connection = self.connection
         pending: bytes | None = None  # a body chunk held back: is the end of the body next?
         while True:
-            if connection.they_are_waiting_for_100_continue:
-                await self._send_h11_event(
-                    h11.InformationalResponse(status_code=100, headers=self.config.response_headers("h11"))
-                )
             try:
                 event = connection.next_event()
             except h11.RemoteProtocolError as error:
@@ -209,24 +214,25 @@ class GatewayH11Protocol(H11Protocol):
                 if ended:
                     continue
             if isinstance(event, h11.Request):
+                refused = framing_error(event.method, event.target, event.http_version, event.headers)
+                if refused:  # faulty framing: the bytes after it cannot be trusted to start a request
+                    await self._send_error_response(refused)
+                    await self.send(Closed())
+                    break
                 await self.send(Updated(idle=False))
-                stream = self._ordinary_stream(event)
-                if stream is None:  # an upgrade or the HTTP/2 preface: hypercorn's own path
-                    await self._check_protocol(event)
-                    await self._create_stream(event)
-                else:
-                    self.stream = stream
-                    headers = event.headers
-                    raw = self.config.h11_pass_raw_headers
-                    await stream.start(
-                        event.method,
-                        event.target,
-                        event.http_version,
-                        headers,
-                        headers.raw_items() if raw else list(headers),
-                    )
-                    self.keep_alive_requests += 1
-                    await self.context.mark_request()
+                self.stream = stream = self._stream_for(event)
+                headers = event.headers
+                raw = self.config.h11_pass_raw_headers
+                await stream.start(
+                    event.method,
+                    event.target,
+                    event.http_version,
+                    headers,
+                    headers.raw_items() if raw else list(headers),
+                    on_first_receive=self._continue if connection.they_are_waiting_for_100_continue else None,
+                )
+                self.keep_alive_requests += 1
+                await self.context.mark_request()
             elif event is h11.PAUSED:
                 await self.can_read.clear()
                 await self.can_read.wait()
@@ -234,8 +240,6 @@ class GatewayH11Protocol(H11Protocol):
                 break
             elif kind is h11.EndOfMessage:
                 await self.stream.handle(EndBody(stream_id=STREAM_ID))
-            elif isinstance(event, Data):  # WebSocket pass-through
-                await self.stream.handle(event)
 
     async def _pass_body(self, data: bytes, *, end: bool) -> None:
         stream = self.stream
@@ -246,13 +250,27 @@ class GatewayH11Protocol(H11Protocol):
             if end:
                 await stream.handle(EndBody(stream_id=STREAM_ID))
 
-    def _ordinary_stream(self, request: h11.Request) -> GatewayHTTPStream | None:
-        """A stream for a plain request; None when hypercorn must look at it (upgrade, preface)."""
-        if request.method == b"PRI":
-            return None
-        for name, _value in request.headers:  # h11 lower-cases names
-            if name == b"upgrade":
-                return None
+    async def _continue(self) -> None:
+        """The app reads the body of a request that expects 100-continue: now the client may send it.
+
+        Only then, so that a request the app refuses on its head alone (a declared Content-Length
+        over the limit: 413) never gets a 100 Continue first.
+        """
+        if self.connection.they_are_waiting_for_100_continue:
+            await self._send_h11_event(
+                h11.InformationalResponse(status_code=100, headers=self.config.response_headers("h11"))
+            )
+
+    def _stream_for(self, request: h11.Request) -> GatewayHTTPStream:
+        """The stream of a request; the HTTP/2 preface switches the connection to HTTP/2 instead.
+
+        ``Upgrade`` is ignored: the gateway speaks no protocol one would upgrade to, so the request
+        is answered in HTTP/1.1. HTTP/2 comes by ALPN or by the prior-knowledge preface; an ``h2c``
+        upgrade over TLS is forbidden (RFC 9113 §3.2) and deprecated altogether, and hypercorn would
+        answer it with 101 Switching Protocols (and a WebSocket upgrade with a WebSocket scope).
+        """
+        if (request.method, request.target, request.http_version) == (b"PRI", b"*", b"2.0"):
+            raise H2ProtocolAssumedError(b"PRI * HTTP/2.0\r\n\r\n" + self.connection.trailing_data[0])
         return GatewayHTTPStream(self)
 
     async def finish_response(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:

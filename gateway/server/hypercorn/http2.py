@@ -12,29 +12,36 @@ Reasons:
   stream's reply is written (the reply then ends with a protocol error for the caller). A stream
   reports itself closed only once its reply has left the send buffer.
 - **Limits.** The control-frame budget (SETTINGS, PING, RST_STREAM, WINDOW_UPDATE, ... floods:
-  GOAWAY ENHANCE_YOUR_CALM; ``gateway.server.limits.ControlFrameBudget``), and h2's memory of
-  closed streams bounded per connection (``gateway.wire.H2_CLOSED_STREAMS_REMEMBERED``).
+  GOAWAY ENHANCE_YOUR_CALM; ``gateway.server.limits.ControlFrameBudget``), h2's memory of
+  closed streams bounded per connection (``gateway.wire.H2_CLOSED_STREAMS_REMEMBERED``), and a
+  stream over the concurrent-stream limit refused alone (RST_STREAM REFUSED_STREAM) where h2
+  would end the connection and every stream on it (``_ServerConnection``).
 - Each stream is built with a ``StreamTaskGroup`` that knows its stream id, so that its request
   gets the body deadline (which resets this stream) and the write deadline of HTTP/2 replies.
 
 Byte-level tests: tests/test_server_inbound.py (scripted client frames over real sockets and
 against the protocol itself: RST_STREAM then DATA, GOAWAY while draining, control-frame floods,
-slow bodies and zero windows).
+slow bodies and zero windows, the 251st stream) and tests/test_server_framing.py (a lower-case
+``:method``).
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
+import h2.connection
 import h2.errors
 import h2.events
 import h2.exceptions
 import h2.utilities
 import trio
+from h2.stream import StreamClosedBy
 from hypercorn.events import Closed, RawData
 from hypercorn.protocol.events import StreamClosed
 from hypercorn.protocol.h2 import H2Protocol
+from hyperframe.frame import RstStreamFrame
 
 from gateway.server.hypercorn.config import runtime_of
 from gateway.server.hypercorn.task_group import StreamTaskGroup
@@ -44,11 +51,63 @@ from gateway.wire import H2_CLOSED_STREAMS_REMEMBERED
 __all__ = ["GuardedH2Protocol"]
 
 
+class _ServerConnection(h2.connection.H2Connection):
+    """h2's connection, refusing one stream over SETTINGS_MAX_CONCURRENT_STREAMS instead of the connection.
+
+    h2 answers a HEADERS frame that opens one stream too many with a connection error (GOAWAY
+    PROTOCOL_ERROR), which ends every stream in flight; RFC 9113 §5.1.2 lets the server refuse
+    that stream alone: RST_STREAM REFUSED_STREAM (the client may retry it; nghttp2 and Go do the
+    same). The header block is still decoded, so that HPACK's shared table stays in step with the
+    client's, and the stream counts as opened (and reset by us): its id cannot be used again.
+    DATA that was already on its way for a stream the gateway reset is dropped (its bytes are given
+    back to the connection window) instead of answered with another RST_STREAM each: RFC 9113
+    §5.1 tells an endpoint to ignore frames on a stream it reset.
+    """
+
+    on_refused: Callable[[], object] = staticmethod(lambda: None)  # counts a refused stream
+
+    def _receive_headers_frame(self, frame: Any) -> tuple[list[Any], list[h2.events.Event]]:
+        sid = frame.stream_id
+        if (
+            sid not in self.streams
+            and sid % 2 == 1
+            and sid > self.highest_inbound_stream_id
+            and self.open_inbound_streams >= self.local_settings.max_concurrent_streams
+        ):
+            try:
+                self.decoder.decode(frame.data, raw=True)
+            except Exception as exc:  # HPACK errors: a connection error, as h2 makes them
+                raise h2.exceptions.ProtocolError(f"Error decoding header block: {exc}") from exc
+            self.highest_inbound_stream_id = sid
+            self._closed_streams[sid] = StreamClosedBy.SEND_RST_STREAM
+            self.on_refused()
+            reset = RstStreamFrame(sid)
+            reset.error_code = h2.errors.ErrorCodes.REFUSED_STREAM
+            return [reset], []
+        return super()._receive_headers_frame(frame)
+
+    def _handle_data_on_closed_stream(
+        self, events: list[h2.events.Event], exc: h2.exceptions.StreamClosedError, frame: Any
+    ) -> tuple[list[Any], list[h2.events.Event]]:
+        frames, found = super()._handle_data_on_closed_stream(events, exc, frame)
+        if self._closed_streams.get(frame.stream_id) is StreamClosedBy.SEND_RST_STREAM:
+            frames = [f for f in frames if not isinstance(f, RstStreamFrame)]
+        return frames, found
+
+
 class GuardedH2Protocol(H2Protocol):
     """HTTP/2 with the crash fixes (data for closed streams, early GOAWAY) and the frame budget."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # One stream over the limit is refused, not the connection (_ServerConnection): the same
+        # connection as hypercorn's, of the subclass.
+        connection = _ServerConnection(config=self.connection.config)
+        connection.DEFAULT_MAX_INBOUND_FRAME_SIZE = self.connection.DEFAULT_MAX_INBOUND_FRAME_SIZE
+        connection.local_settings = self.connection.local_settings
+        self.connection = connection
+        events = runtime_of(self.config).events
+        connection.on_refused = lambda: events.connection_closed("stream_limit")
         # Protection: a caller cycling streams would make h2 remember 2**16 closed ones (~11.5 MB)
         # on every connection; the new connection has closed none yet (see gateway.wire).
         self.connection._closed_streams = h2.utilities.SizeLimitDict(size_limit=H2_CLOSED_STREAMS_REMEMBERED)
@@ -85,9 +144,18 @@ class GuardedH2Protocol(H2Protocol):
     async def _handle_events(self, events: list[h2.events.Event]) -> None:
         for event in events:
             if isinstance(event, h2.events.DataReceived) and event.stream_id not in self.streams:
-                # Crash fix: the stream was closed by an earlier event of this batch.
+                # Crash fix: the stream was closed by an earlier event of this batch (or refused).
                 with contextlib.suppress(h2.exceptions.ProtocolError, h2.exceptions.StreamClosedError):
                     self.connection.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                continue
+            if isinstance(event, h2.events.RequestReceived) and _lower_case_method(event.headers):
+                # The HTTP/1.1 rule (http11_fast.framing_error): methods are case-sensitive, and
+                # hypercorn would upper-case this one. Refused with 400 without starting the app.
+                self.connection.send_headers(
+                    event.stream_id,
+                    [(b":status", b"400"), (b"content-length", b"0"), *self.config.response_headers("h2")],
+                    end_stream=True,
+                )
                 continue
             await super()._handle_events([event])
 
@@ -116,3 +184,10 @@ class GuardedH2Protocol(H2Protocol):
             await super()._create_stream(request)
         finally:
             self.task_group = group
+
+
+def _lower_case_method(headers: list[tuple[bytes, bytes]]) -> bool:
+    for name, value in headers:
+        if name == b":method":
+            return value != value.upper()
+    return False

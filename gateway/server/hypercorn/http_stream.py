@@ -13,7 +13,7 @@ hypercorn's, over real sockets; a whole reply is one write).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from time import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
@@ -71,12 +71,14 @@ class GatewayHTTPStream(HTTPStream):
         scope_headers: list[tuple[bytes, bytes]],
         *,
         inline: bool = False,
+        on_first_receive: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """The request head arrived: build the ASGI scope and start the app.
 
         ``headers`` with lower-case names; ``scope_headers`` the list the app is given (names as
         sent with ``h11_pass_raw_headers``); ``inline``: the caller runs the app itself
-        (``GatewayTaskGroup.run_inline``) once it has queued the body.
+        (``GatewayTaskGroup.run_inline``) once it has queued the body; ``on_first_receive``: awaited
+        when the app first reads the request (the 100 Continue of ``Expect: 100-continue``).
         """
         self.start_time = time()
         config = self.config
@@ -85,7 +87,7 @@ class GatewayHTTPStream(HTTPStream):
             "type": "http",
             "http_version": http_version.decode(),
             "asgi": {"spec_version": "2.1", "version": "3.0"},
-            "method": method.decode("ascii").upper(),
+            "method": method.decode("ascii"),  # as sent: a lower-case one never gets here (framing_error)
             "scheme": self.scheme,
             "path": unquote(path.decode("ascii")),
             "raw_path": path,
@@ -103,7 +105,14 @@ class GatewayHTTPStream(HTTPStream):
             return
         task_group: Any = self.task_group
         self.app_put = task_group.start_request(
-            self.app, config, self.scope, self.app_send, stream_id=self.stream_id, http11=True, inline=inline
+            self.app,
+            config,
+            self.scope,
+            self.app_send,
+            stream_id=self.stream_id,
+            http11=True,
+            inline=inline,
+            on_first_receive=on_first_receive,
         )
 
     async def body(self, data: bytes, *, end: bool) -> None:

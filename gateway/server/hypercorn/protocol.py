@@ -1,5 +1,6 @@
 """``ConnectionProtocol`` replaces hypercorn's ``ProtocolWrapper``: which protocol serves a
-connection (HTTP/1.1, or HTTP/2 by ALPN, prior knowledge or an h2c upgrade).
+connection (HTTP/1.1, or HTTP/2 by ALPN or prior knowledge; never by an ``Upgrade: h2c``, which
+``GatewayH11Protocol`` ignores).
 
 Reason: hypercorn's wrapper builds ``H11Protocol``/``H2Protocol`` by their module-level names, so
 using the gateway's classes through it meant reassigning those names for the whole process. This
@@ -7,7 +8,8 @@ wrapper builds the gateway's classes (``GatewayH11Protocol``, ``GuardedH2Protoco
 for the connections of the gateway's own listener only; hypercorn's modules stay as released.
 
 Byte-level tests: tests/test_server_http11.py (HTTP/1.1), tests/test_server_inbound.py (HTTP/2 by
-prior knowledge, the h2c upgrade and the HTTP/2 guards over real sockets).
+prior knowledge and the HTTP/2 guards over real sockets) and tests/test_server_framing.py
+(``Upgrade: h2c`` is ignored).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from hypercorn.events import Event, RawData
-from hypercorn.protocol.h11 import H2CProtocolRequiredError, H2ProtocolAssumedError
+from hypercorn.protocol.h11 import H2ProtocolAssumedError
 
 from gateway.server.hypercorn.http2 import GuardedH2Protocol
 from gateway.server.hypercorn.http11 import GatewayH11Protocol
@@ -58,10 +60,5 @@ class ConnectionProtocol:
         except H2ProtocolAssumedError as error:  # the HTTP/2 preface on an HTTP/1.1 connection
             self.protocol = GuardedH2Protocol(*self._args)
             await self.protocol.initiate()
-            if error.data != b"":
-                await self.protocol.handle(RawData(data=error.data))
-        except H2CProtocolRequiredError as error:  # Upgrade: h2c
-            self.protocol = GuardedH2Protocol(*self._args)
-            await self.protocol.initiate(error.headers, error.settings)
             if error.data != b"":
                 await self.protocol.handle(RawData(data=error.data))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import trio
@@ -50,6 +50,7 @@ class RequestQueue:
         "disconnected",
         "on_body_timeout",
         "on_disconnect",
+        "on_first_receive",
     )
 
     def __init__(self, size: int) -> None:
@@ -61,6 +62,8 @@ class RequestQueue:
         self.on_disconnect: Callable[[], object] | None = None
         self.body_deadline = math.inf
         self.on_body_timeout: Callable[[], object] | None = None
+        # Awaited once, when the app first reads: the 100 Continue of a request that expects it.
+        self.on_first_receive: Callable[[], Awaitable[None]] | None = None
 
     def _caller_gone(self) -> None:
         self.disconnected = True
@@ -85,6 +88,9 @@ class RequestQueue:
 
     async def receive(self) -> Message:
         """The app's ``receive``: the next message, waiting for one if needed."""
+        if self.on_first_receive is not None:
+            first, self.on_first_receive = self.on_first_receive, None
+            await first()
         while not self._items:
             if self.body_deadline == math.inf:
                 await self._readers.park()

@@ -78,6 +78,7 @@ class GatewayTaskGroup(TaskGroup):
         stream_id: int,
         http11: bool,
         inline: bool = False,
+        on_first_receive: Callable[[], Awaitable[None]] | None = None,
     ) -> Send:
         """Start the app's task for one request; returns where the request's messages go.
 
@@ -85,6 +86,7 @@ class GatewayTaskGroup(TaskGroup):
         calls once the request's body is queued (see ``GatewayTCPServer.hand_over_reading``).
         """
         queue = RequestQueue(config.max_app_queue_size)
+        queue.on_first_receive = on_first_receive
         scope["extensions"][DISCONNECT] = queue  # the seam: gateway.server.extensions
         server = self._server
         if server is not None:
