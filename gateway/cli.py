@@ -49,6 +49,12 @@ def parse(argv: Sequence[str], prog: str = PROG) -> Invocation:
     command = "serve"
     if args and args[0] in COMMANDS:
         command = args.pop(0)
+    elif args and not args[0].startswith("-"):
+        sys.stderr.write(
+            f"{prog}: error: unknown command {args[0]!r}; the commands are {', '.join(COMMANDS)} "
+            f"(see {prog} --help)\n"
+        )
+        raise SystemExit(2)
     module = _command(command)
     if command == "serve":
         parser = module.build_parser(

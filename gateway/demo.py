@@ -30,10 +30,41 @@ DEMO_BACKEND_ADDRESS = "127.0.0.1:18081"  # what the bundled configuration's URL
 class DemoSettings:
     config: str | None = None  # None: the bundled demo configuration
     log_format: LogFormat = "console"
+    write_samples: str | None = None  # write the samples into this directory instead of running
 
 
 def demo_config_dir() -> Path:
     return Path(str(resources.files("gateway") / "data" / "demo"))
+
+
+def samples_dir() -> Path:
+    return Path(str(resources.files("gateway") / "data" / "samples"))
+
+
+# What the closing hint and docs/getting-started.md run, in a directory `--write-samples DIR` filled.
+def hint(directory: str) -> str:
+    return "\n".join(
+        [
+            "Try it yourself (the same configuration, your own gateway):",
+            f"  webhook-gateway demo --write-samples {directory}",
+            "  python -m gateway.devtools.backends --port 18081 &",
+            f"  webhook-gateway --config {directory}/config --bind 127.0.0.1:8443 --workers 1",
+            f"  webhook-gateway explain --config {directory}/config {directory}/pod.yaml",
+        ]
+    )
+
+
+def write_samples(target: Path) -> list[Path]:
+    """The demo's configuration (``config/``, naming the sample backends on 127.0.0.1:18081) and the
+    example objects and review the docs use; the files written."""
+    written = []
+    (target / "config").mkdir(parents=True, exist_ok=True)
+    for source, into in ((demo_config_dir(), target / "config"), (samples_dir(), target)):
+        for file in sorted(source.iterdir()):
+            if file.suffix in (".yaml", ".yml", ".json") and file.is_file():
+                (into / file.name).write_text(file.read_text())
+                written.append(into / file.name)
+    return written
 
 
 def point_config_at(source: Path, target: Path, port: int) -> None:
@@ -74,23 +105,27 @@ def _review(obj: dict[str, Any], version: str = "v1") -> dict[str, Any]:
     }
 
 
-STEPS: list[tuple[str, str, dict[str, Any]]] = [
-    ("an ordinary Pod", "validate", _pod("web", {"app": "web"})),
+# (title, endpoint, object, allowed as the bundled configuration decides it)
+STEPS: list[tuple[str, str, dict[str, Any], bool]] = [
+    ("an ordinary Pod", "validate", _pod("web", {"app": "web"}), True),
     (
         "a Pod from an untrusted registry",
         "validate",
         _pod("evil", {"app": "evil", "demo/image": "untrusted"}, image="evil.example.com/miner:latest"),
+        False,
     ),
-    ("the same ordinary Pod, mutating", "mutate", _pod("web", {"app": "web"})),
+    ("the same ordinary Pod, mutating", "mutate", _pod("web", {"app": "web"}), True),
     (
         "a Pod audited by a slow backend (Ignore, 1 s timeout)",
         "validate",
         _pod("audited", {"app": "web", "demo/audit": "slow"}),
+        True,
     ),
     (
         "a Pod that needs the (unavailable) quota service (Fail)",
         "validate",
         _pod("budget", {"app": "web", "demo/quota": "check"}),
+        False,
     ),
 ]
 
@@ -149,22 +184,32 @@ async def _run(options: DemoSettings, workdir: Path) -> int:
         print(_paint("webhook-gateway demo", BOLD, color))
         print(f"  gateway:          {base}  (config: {shown_config})")
         print(f"  sample backends:  http://127.0.0.1:{backends.port}  (gateway/devtools/backends.py)\n")
+        unexpected: list[str] = []
         async with ClientPool() as pool:
-            for i, (title, endpoint, obj) in enumerate(STEPS, start=1):
+            for i, (title, endpoint, obj, expected) in enumerate(STEPS, start=1):
                 target = resolve_target(ClientConfig(url=f"{base}/{endpoint}"), None)
                 body = json.dumps(_review(obj)).encode()
                 started = trio.current_time()
                 resp = await pool.post(target, body=body, timeout_seconds=10)
                 ms = (trio.current_time() - started) * 1000
-                print(describe(i, title, endpoint, json.loads(resp.body), ms=ms, color=color) + "\n")
-            print(await _conversion_step(pool, base, len(STEPS) + 1, color=color) + "\n")
-        print("Run the gateway yourself:  webhook-gateway --config config/webhooks --bind 127.0.0.1:8443")
+                reply = json.loads(resp.body)
+                print(describe(i, title, endpoint, reply, ms=ms, color=color) + "\n")
+                if bool(reply.get("response", {}).get("allowed")) != expected:
+                    unexpected.append(f"step {i} ({title}) was {'allowed' if not expected else 'denied'}")
+            text, converted = await _conversion_step(pool, base, len(STEPS) + 1, color=color)
+            print(text + "\n")
+            if not converted:
+                unexpected.append(f"step {len(STEPS) + 1} (the CronTab conversion) failed")
+        print(hint("samples"))
         running.shutdown()
         nursery.cancel_scope.cancel()
+    if unexpected and options.config is None:  # the bundled configuration decides every step
+        print(f"demo: unexpected: {'; '.join(unexpected)}", file=sys.stderr)
+        return 1
     return 0
 
 
-async def _conversion_step(pool: Any, base: str, step: int, *, color: bool) -> str:
+async def _conversion_step(pool: Any, base: str, step: int, *, color: bool) -> tuple[str, bool]:
     """A CronTab v1 -> v2 conversion through the gateway (the sample CRD in ``crd.yaml``)."""
     from gateway.config.model import ClientConfig
     from gateway.transport.resolve import resolve_target
@@ -195,14 +240,15 @@ async def _conversion_step(pool: Any, base: str, step: int, *, color: bool) -> s
     ]
     response = json.loads(resp.body).get("response", {})
     result = response.get("result", {})
-    if result.get("status") == "Success":
+    converted = result.get("status") == "Success"
+    if converted:
         lines.append("   " + _paint("CONVERTED", GREEN, color))
         lines.extend(
             f"   {json.dumps(o['spec'])} as {o['apiVersion']}" for o in response.get("convertedObjects", [])
         )
     else:
         lines.append("   " + _paint("CONVERSION FAILED", RED, color) + f" {result.get('message', '')}")
-    return "\n".join(lines)
+    return "\n".join(lines), converted
 
 
 def run_demo(options: DemoSettings) -> int:
@@ -210,6 +256,11 @@ def run_demo(options: DemoSettings) -> int:
 
     from gateway.observability import configure_logging
 
+    if options.write_samples:
+        target = Path(options.write_samples)
+        for path in write_samples(target):
+            print(path)
+        return 0
     configure_logging("warning", options.log_format)
     with tempfile.TemporaryDirectory(prefix="webhook-gateway-demo-") as workdir:
         return trio.run(_run, options, Path(workdir))

@@ -22,7 +22,7 @@ class ServeSettings:
     """Every option of ``webhook-gateway serve`` (the attribute is the option without ``--``)."""
 
     # serving
-    config: str = "config/webhooks"
+    config: str = ""  # a directory or file; required (the command line says so when it is missing)
     bind: str = "127.0.0.1:8443"
     certfile: str | None = None
     keyfile: str | None = None

@@ -93,9 +93,10 @@ async def test_audit_a_cluster_reports_denials_by_backend(
         "-o",
         "json",
     )
-    assert code == 0, err
+    assert code == 1, err  # objects would be denied
     report = json.loads(out)
     assert report["audited"] == 4
+    assert report["summary"] == {"pass": 4, "fail": 3, "warn": 0, "error": 0, "skip": 0}
     denied = {b: sorted(f"{d['object']['kind']} {d['object']['namespace']}/{d['object']['name']}" for d in found)
               for b, found in report["denials"].items()}  # fmt: skip
     assert denied == {
@@ -123,17 +124,18 @@ async def test_audit_one_namespace_as_policy_reports(
     code, out, err = await audit(
         "--config", str(config), "--kubeconfig", str(kubeconfig), "--namespace", "dev", "-o", "policyreport"
     )
-    assert code == 0, err
+    assert code == 1, err
     (report,) = list(yaml.safe_load_all(out))
     assert (report["apiVersion"], report["kind"]) == ("wgpolicyk8s.io/v1alpha2", "PolicyReport")
     assert report["metadata"]["namespace"] == "dev"
-    assert report["summary"]["fail"] == 1
-    (result,) = report["results"]
-    assert (result["policy"], result["result"], result["resources"][0]["name"]) == (
-        "images.example.com",
-        "fail",
-        "miner",
-    )
+    # miner: images denies, prod (env=prod only) skips it, allow passes; ok: allow passes
+    assert report["summary"] == {"pass": 2, "fail": 1, "warn": 0, "error": 0, "skip": 0}
+    results = sorted((r["resources"][0]["name"], r["policy"], r["result"]) for r in report["results"])
+    assert results == [
+        ("miner", "allow.example.com", "pass"),
+        ("miner", "images.example.com", "fail"),
+        ("ok", "allow.example.com", "pass"),
+    ]
     assert any(path == "/api/v1/namespaces/dev/pods" for path, _, _ in kube_api.requests)
 
 
@@ -158,13 +160,13 @@ async def test_audit_resumes_from_its_state_file(
         "always",
     ]
     code, out, err = await audit(*args)
-    assert code == 0, err
+    assert code == 1, err
     assert "3/3 objects, 2 denied" in err
     assert len(state.read_text().splitlines()) == 3
     first_calls = len(server.calls)
     kube_api.add_object("/api/v1", "pods", pod("new", "shop", {"app": "new"}))
     code, out, err = await audit(*args)
-    assert code == 0, err
+    assert code == 1, err
     assert "1/1 objects" in err
     assert "audited 4 object(s) (3 from the state file)" in out
     assert "Pod dev/miner: " in out  # found by the first run, still reported
@@ -181,12 +183,12 @@ async def test_audit_objects_from_files(nursery: trio.Nursery, tmp_path: Path) -
         {"apiVersion": "v1", "kind": "List", "items": [pod("a", "shop"), pod("b", "dev", {"trust": "none"})]},
     ]
     objects.write_text(yaml.safe_dump_all(docs))
-    code, out, err = await audit("--config", str(config), str(objects))
-    assert code == 0, err
+    code, out, err = await audit("--config", str(config), str(objects), "--unknown-namespace", "emptyLabels")
+    assert code == 1, err
     assert "images.example.com: would deny 1 object(s)\n  Pod dev/b: " in out
     assert "prod.example.com: would deny 1 object(s)\n  Pod shop/a: " in out
 
 
-async def test_audit_needs_a_source() -> None:
-    code, _out, err = await audit("--config", "config/webhooks")
+async def test_audit_needs_a_source(tmp_path: Path) -> None:
+    code, _out, err = await audit("--config", str(tmp_path))
     assert code == 2 and "needs --kubeconfig FILE or object FILEs" in err

@@ -74,10 +74,73 @@ def test_every_serve_option_is_a_settings_field() -> None:
     assert parse([], "x").options == ServeSettings()  # the parser's defaults are the settings' defaults
 
 
-def test_environment_variables_still_set_options() -> None:
+def test_environment_variables_still_set_options(tmp_path: Path) -> None:
     """WEBHOOK_GATEWAY_<OPTION> sets an option; the command line wins."""
-    got = run_cli("check", "--warnings-as-errors", env={"WEBHOOK_GATEWAY_IGNORE_WARNING": "unknown-field"})
+    write_config(
+        tmp_path, validating={"ok": [hook("a.example.com", "https://x.example.com/v", timeoutSecond=5)]}
+    )
+    env = {"WEBHOOK_GATEWAY_CHECK_IGNORE_WARNING": "unknown-field", "WEBHOOK_GATEWAY_CONFIG": str(tmp_path)}
+    got = run_cli("check", "--warnings-as-errors", env=env)
     assert got.returncode == 0, got.stderr
+    assert run_cli("check", "--warnings-as-errors", "--ignore-warning", "other", env=env).returncode == 1
+
+
+def _variables() -> dict[str, set[tuple[str, str]]]:
+    """Every variable any command reads: its (command, option) pairs."""
+    import argparse
+
+    from gateway.cli import _command
+    from gateway.commands.options import env_name
+
+    found: dict[str, set[tuple[str, str]]] = {}
+    for command in COMMANDS:
+        prog = "webhook-gateway" if command == "serve" else f"webhook-gateway {command}"
+        for action in _command(command).build_parser(prog)._actions:
+            flags = [f for f in action.option_strings if f.startswith("--")]
+            if isinstance(action, argparse._HelpAction) or not flags:
+                continue
+            flag = flags[0]
+            if "[env: " not in (action.help or ""):
+                continue
+            name = env_name(flag, command)
+            assert f"[env: {name}]" in (action.help or ""), (command, flag)
+            found.setdefault(name, set()).add((command, flag))
+    return found
+
+
+# A variable more than one command reads means the same thing in each (issue 33 §7).
+SAME_MEANING = {
+    "WEBHOOK_GATEWAY_CONFIG": "the gateway's configuration (directory or file)",
+    "WEBHOOK_GATEWAY_ALLOW_EMPTY_CONFIG": "accept a configuration without webhooks",
+    "WEBHOOK_GATEWAY_STRICT_HTTPS": "refuse http:// backend URLs",
+    "WEBHOOK_GATEWAY_UNKNOWN_NAMESPACE": "a namespace without a Namespace object: 404 or no labels",
+    "WEBHOOK_GATEWAY_BACKEND_KUBECONFIG": "per-host backend credentials",
+    "WEBHOOK_GATEWAY_KUBECONFIG": "the cluster's kubeconfig",
+    "WEBHOOK_GATEWAY_DEADLINE_MARGIN": "the gateway's answer margin",
+    "WEBHOOK_GATEWAY_VALIDATE_PATH": "the gateway's validating path",
+    "WEBHOOK_GATEWAY_MUTATE_PATH": "the gateway's mutating path",
+    "WEBHOOK_GATEWAY_REGISTRATION_NAMESPACE": "the gateway's own namespace (serve --registration-namespace, "
+    "registration --namespace)",
+    "WEBHOOK_GATEWAY_REGISTRATION_SERVICE": "the gateway's Service",
+    "WEBHOOK_GATEWAY_REGISTRATION_CA_BUNDLE": "the CA bundle of the gateway's registrations",
+}
+
+
+def test_a_variable_means_one_thing() -> None:
+    """Variables read by several commands are exactly the shared ones; every other option of a subcommand
+    reads WEBHOOK_GATEWAY_<COMMAND>_<OPTION>, so `WEBHOOK_GATEWAY_NAMESPACE` cannot mean explain's object
+    namespace, audit's filter and registration's own namespace at once."""
+    shared = {name for name, users in _variables().items() if len(users) > 1}
+    assert shared <= set(SAME_MEANING), shared - set(SAME_MEANING)
+    assert "WEBHOOK_GATEWAY_NAMESPACE" not in _variables()
+    assert _variables()["WEBHOOK_GATEWAY_AUDIT_NAMESPACE"] == {("audit", "--namespace")}
+
+
+def test_an_exported_config_does_not_hijack_the_demo() -> None:
+    """demo's --config is a demo configuration: WEBHOOK_GATEWAY_CONFIG (the gateway's) leaves it alone."""
+    got = run_cli("demo", env={"WEBHOOK_GATEWAY_CONFIG": "/nonexistent/webhooks"})
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.count("ALLOWED") == 3 and "CONVERTED" in got.stdout
 
 
 def _listening_socket() -> socket.socket:
@@ -114,7 +177,7 @@ def test_busy_port_is_one_line(tmp_path: Path, option: str) -> None:
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        pytest.param(["--certfile", "/nonexistent/tls.crt"], "No such file or directory", id="missing certificate"),
+        pytest.param(["--certfile", "/nonexistent/tls.crt"], "--certfile /nonexistent/tls.crt: no such file or directory", id="missing certificate"),
         pytest.param(["--backend-kubeconfig", "/nonexistent/kubeconfig"], "/nonexistent/kubeconfig", id="missing backend kubeconfig"),
         pytest.param(["--patch-mode", "merge"], "invalid choice: 'merge'", id="bad option value"),
     ],
@@ -150,7 +213,7 @@ def test_ignore_warning_accepts_a_reviewed_warning(tmp_path: Path) -> None:
     )
     strict = run_cli("check", str(tmp_path), "--warnings-as-errors")
     assert strict.returncode == 1
-    assert "timeoutSecond: unknown field [unknown-field]" in strict.stderr
+    assert "timeoutSecond: unknown field; did you mean timeoutSeconds? [unknown-field]" in strict.stderr
     accepted = run_cli("check", str(tmp_path), "--warnings-as-errors", "--ignore-warning", "unknown-field")
     assert accepted.returncode == 0, accepted.stderr
     assert "0 warning(s) (1 ignored)" in accepted.stdout
@@ -395,3 +458,216 @@ async def test_unknown_namespace_denial_names_no_backend(nursery: trio.Nursery, 
     assert "denied_by" not in line
     assert "unknown" in line["reason"] and "no backend was called" in line["reason"]
     assert not server.calls
+
+
+# --- issue 33 §10: what check and the command line say --------------------------------------------
+
+
+def test_warnings_as_errors_never_says_ok(tmp_path: Path) -> None:
+    """Under --warnings-as-errors a warning fails the check, and the summary says FAILED, never OK."""
+    write_config(
+        tmp_path, validating={"ok": [hook("a.example.com", "https://x.example.com/v", timeoutSecond=5)]}
+    )
+    got = run_cli("check", str(tmp_path), "--warnings-as-errors")
+    assert got.returncode == 1
+    assert "OK" not in got.stdout + got.stderr
+    assert "FAILED (--warnings-as-errors): 1 validating and 0 mutating webhooks" in got.stderr
+    assert run_cli("check", str(tmp_path)).stdout.count(": OK: ") == 1  # without the flag: OK, 1 warning
+
+
+def test_a_misspelt_selector_fails_check(tmp_path: Path) -> None:
+    """`namespaceSelectr` would silently widen the webhook to every namespace: check exits 1 naming the field."""
+    write_config(
+        tmp_path,
+        validating={
+            "ok": [
+                hook("a.example.com", "https://x.example.com/v", namespaceSelectr={"matchLabels": {"a": "b"}})
+            ]
+        },
+    )
+    got = run_cli("check", str(tmp_path))
+    assert got.returncode == 1
+    assert "webhooks[0].namespaceSelectr: unknown field; did you mean namespaceSelector?" in got.stderr
+    assert "1 error(s); configuration refused" in got.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param(["bogus"], id="an unknown command"),
+        pytest.param(["bogus", "--help"], id="with more arguments"),
+    ],
+)
+def test_an_unknown_command_names_the_commands(args: list[str]) -> None:
+    got = run_cli(*args)
+    assert got.returncode == 2
+    line = _one_line(got.stderr)
+    assert "unknown command 'bogus'" in line and all(c in line for c in COMMANDS)
+
+
+# --- issue 33 §6: every broken TLS input names the file, the flag and the fix -----------------------
+
+
+def _tls_files(tmp_path: Path) -> dict[str, Path]:
+    import trustme
+    from cryptography.hazmat.primitives import serialization
+
+    ca = trustme.CA()
+    leaf = ca.issue_cert("webhook-gateway.webhook-gateway.svc")
+    other = ca.issue_cert("other.example.com")
+    files = {
+        "crt": leaf.cert_chain_pems[0].bytes(),
+        "key": leaf.private_key_pem.bytes(),
+        "other.key": other.private_key_pem.bytes(),
+        "both.pem": leaf.cert_chain_pems[0].bytes() + leaf.private_key_pem.bytes(),
+        "ca.crt": ca.cert_pem.bytes(),
+        "garbage": b"not a certificate\n",
+    }
+    key = serialization.load_pem_private_key(files["key"], password=None)
+    files["encrypted.key"] = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(b"secret"),
+    )
+    paths = {}
+    for name, data in files.items():
+        paths[name] = tmp_path / name
+        paths[name].write_bytes(data)
+    (tmp_path / "adir").mkdir()
+    paths["adir"] = tmp_path / "adir"
+    return paths
+
+
+BROKEN_TLS = [
+    pytest.param(["--certfile", "crt"], "--certfile {crt} holds no private key: pass the key file with --keyfile",
+                 id="forgot --keyfile (was: [SSL] PEM lib)"),
+    pytest.param(["--certfile", "crt", "--keyfile", "other.key"],
+                 "--keyfile {other.key} does not match --certfile {crt}: pass the private key of this certificate",
+                 id="the key of another certificate (was: KEY_VALUES_MISMATCH)"),
+    pytest.param(["--certfile", "/nonexistent/tls.crt", "--keyfile", "key"],
+                 "--certfile /nonexistent/tls.crt: no such file or directory; pass the serving certificate's PEM file",
+                 id="a missing certificate file names its flag (was: No such file or directory)"),
+    pytest.param(["--certfile", "crt", "--keyfile", "/nonexistent/tls.key"],
+                 "--keyfile /nonexistent/tls.key: no such file or directory; pass the serving private key's PEM file",
+                 id="a missing key file names its flag"),
+    pytest.param(["--certfile", "garbage", "--keyfile", "key"],
+                 "--certfile {garbage}: no PEM certificate in the file", id="a certificate file that is not PEM"),
+    pytest.param(["--certfile", "crt", "--keyfile", "garbage"],
+                 "--keyfile {garbage}: no PEM private key in the file", id="a key file that is not PEM"),
+    pytest.param(["--certfile", "crt", "--keyfile", "crt"],
+                 "--keyfile {crt}: no PEM private key in the file", id="the certificate given as the key"),
+    pytest.param(["--certfile", "crt", "--keyfile", "encrypted.key"],
+                 "--keyfile {encrypted.key}: the private key is encrypted; pass it unencrypted",
+                 id="an encrypted key fails at once instead of prompting for a password"),
+    pytest.param(["--keyfile", "key"], "--keyfile {key} given without --certfile", id="--keyfile alone"),
+    pytest.param(["--certfile", "adir", "--keyfile", "key"], "--certfile {adir}: is a directory",
+                 id="a directory instead of a file"),
+    pytest.param(["--certfile", "crt", "--keyfile", "key", "--client-ca", "/nonexistent/ca.crt"],
+                 "--client-ca /nonexistent/ca.crt: no such file or directory", id="a missing client CA"),
+    pytest.param(["--certfile", "crt", "--keyfile", "key", "--client-ca", "garbage"],
+                 "--client-ca {garbage}: no PEM certificate in the file", id="a client CA that is not PEM"),
+    pytest.param(["--client-ca", "ca.crt"], "--client-ca {ca.crt} needs TLS: pass --certfile and --keyfile",
+                 id="--client-ca without TLS"),
+]  # fmt: skip
+
+OTHER_STARTUP_FAILURES = [
+    pytest.param(["--backend-kubeconfig", "/nonexistent/kc"],
+                 "--backend-kubeconfig /nonexistent/kc: no such file or directory; pass the", id="backend credentials"),
+    pytest.param(["--namespace-source", "cluster", "--kubeconfig", "/nonexistent/kc"],
+                 "--kubeconfig /nonexistent/kc: no such file or directory; pass the", id="a missing kubeconfig"),
+    pytest.param(["--namespace-source", "cluster"],
+                 "--namespace-source cluster: not running in a cluster (no KUBERNETES_SERVICE_HOST): pass --kubeconfig",
+                 id="cluster mode outside a cluster"),
+    pytest.param(["--metrics-bind", "nonsense"], "--metrics-bind nonsense: expected HOST:PORT",
+                 id="an address without a port (was: a traceback)"),
+    pytest.param(["--config", "/nonexistent/config"],
+                 "/nonexistent/config: no such file or directory (expected a directory or file of webhook configurations)",
+                 id="a missing configuration"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "expected"), OTHER_STARTUP_FAILURES)
+def test_other_startup_failures_name_the_flag(tmp_path: Path, args: list[str], expected: str) -> None:
+    write_config(tmp_path / "cfg", validating=VALID)
+    env = {"KUBERNETES_SERVICE_HOST": ""} if "cluster" in args else None
+    got = run_cli(
+        "--config", str(tmp_path / "cfg"), "--bind", "127.0.0.1:0", "--workers", "1", *args, env=env
+    )
+    assert got.returncode in (1, 2) and "Traceback" not in got.stdout + got.stderr
+    assert expected in got.stdout + got.stderr
+
+
+@pytest.mark.parametrize(("args", "expected"), BROKEN_TLS)
+@pytest.mark.parametrize("workers", ["1", "2"], ids=["one process", "worker processes"])
+def test_broken_tls_inputs_name_the_file_the_flag_and_the_fix(
+    tmp_path: Path, args: list[str], expected: str, workers: str
+) -> None:
+    """Each broken TLS input ends start-up with one line naming the flag, the file and what to pass, exit 1."""
+    files = _tls_files(tmp_path)
+    write_config(tmp_path / "cfg", validating=VALID)
+    given = [str(files[a]) if a in files else a for a in args]
+    got = run_cli("--config", str(tmp_path / "cfg"), "--bind", "127.0.0.1:0", "--workers", workers, *given)
+    assert got.returncode == 1, got.stdout + got.stderr
+    line = _one_line(got.stderr)
+    assert line.startswith("webhook-gateway: error: ")
+    for name, path in files.items():
+        expected = expected.replace("{" + name + "}", str(path))
+    assert expected in line
+    assert "Traceback" not in got.stdout + got.stderr
+
+
+def test_a_good_tls_pair_in_one_file_starts(tmp_path: Path) -> None:
+    """The checks refuse nothing that serves: a PEM holding certificate and key, without --keyfile."""
+    from gateway.commands.serve import tls_problem
+
+    files = _tls_files(tmp_path)
+    assert tls_problem(ServeSettings(config="x", certfile=str(files["both.pem"]))) is None
+    assert tls_problem(ServeSettings(config="x", certfile=str(files["crt"]), keyfile=str(files["key"]),
+                                     client_ca=str(files["ca.crt"]))) is None  # fmt: skip
+
+
+# --- issue 33 §8: --config takes a directory or a file everywhere ------------------------------------
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        pytest.param(["check"], id="check"),
+        pytest.param(["registration"], id="registration (was: cannot read directory: Not a directory)"),
+        pytest.param(["explain", "{review}"], id="explain"),
+        pytest.param(["audit", "{objects}"], id="audit"),
+    ],
+)
+@pytest.mark.parametrize("given", ["directory", "file"])
+def test_config_is_a_directory_or_a_file_everywhere(tmp_path: Path, command: list[str], given: str) -> None:
+    path = write_config(tmp_path / "cfg", validating=VALID, namespaces={"shop": {}})
+    (tmp_path / "review.json").write_text(json.dumps(review()))
+    (tmp_path / "objects.yaml").write_text(json.dumps(review()["request"]["object"]))
+    args = [a.format(review=tmp_path / "review.json", objects=tmp_path / "objects.yaml") for a in command]
+    config = str(path if given == "file" else path.parent)
+    got = (
+        run_cli(*args, "--config", config, "--fail-on", "none")
+        if args[0] in ("explain", "audit")
+        else (run_cli(*args, "--config", config))
+    )
+    assert got.returncode == 0, got.stderr
+    assert "Not a directory" not in got.stderr
+
+
+async def test_serve_takes_a_configuration_file_and_reloads_it(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """serve --config FILE starts, and a change of that file is reloaded like a directory's."""
+    path = write_config(tmp_path, validating=VALID)
+    observer = Observability(metrics=True)
+    options = parse(["--config", str(path), "--bind", "127.0.0.1:0", "--drain-seconds", "0",
+                     "--config-poll-seconds", "0.05"]).options  # fmt: skip
+    running: Running = await nursery.start(
+        lambda task_status: serve(options, observer=observer, handle_signals=False, task_status=task_status)
+    )
+    first = running.app.snapshot()
+    assert first is not None and len(first.validating) == 1
+    write_config(
+        tmp_path, validating={"ok": [*VALID["ok"], hook("b.example.com", "https://y.example.com/v")]}
+    )
+    with trio.fail_after(10):
+        while (current := running.app.snapshot()) is None or len(current.validating) != 2:
+            await trio.sleep(0.05)

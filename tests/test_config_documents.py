@@ -274,12 +274,12 @@ def test_cfg02_kinds_serve_their_own_list() -> None:
     [
         pytest.param(
             config(hook(timeoutSecond=5)),
-            ["webhooks[0].timeoutSecond: unknown field"],
-            id="unknown fields: a typo in a webhook field warns with its path",
+            ["webhooks[0].timeoutSecond: unknown field; did you mean timeoutSeconds?"],
+            id="unknown fields: a typo in a webhook field warns with its path and the field it misspells",
         ),
         pytest.param(
             config(hook(clientConfig={"url": "https://a.example.com", "cabundle": ""})),
-            ["webhooks[0].clientConfig.cabundle: unknown field"],
+            ["webhooks[0].clientConfig.cabundle: unknown field; did you mean caBundle?"],
             id="unknown fields: field names are case-sensitive",
         ),
         pytest.param(
@@ -305,14 +305,19 @@ def test_cfg02_kinds_serve_their_own_list() -> None:
             id="unknown fields: reinvocationPolicy is a mutating-only field",
         ),
         pytest.param(
-            config(hook(objectSelector={"matchLabel": {"a": "b"}})),
-            ["webhooks[0].objectSelector.matchLabel: unknown field"],
+            config(hook(objectSelector={"matchLabels": {"a": "b"}, "selector": {}})),
+            ["webhooks[0].objectSelector.selector: unknown field"],
             id="unknown fields: selectors have a closed field set",
         ),
         pytest.param(
             config(hook()) | {"spec": {}, "metadata": {"name": "team-a", "nmae": "x"}},
-            ["metadata.nmae: unknown field", "spec: unknown field"],
+            ["metadata.nmae: unknown field; did you mean name?", "spec: unknown field"],
             id="unknown fields: top-level and metadata fields are checked too",
+        ),
+        pytest.param(
+            config(hook(namespaceSelector={"matchLabels": {"a": "b"}}, namespaceSelectr={"x": "y"})),
+            ["webhooks[0].namespaceSelectr: unknown field; did you mean namespaceSelector?"],
+            id="unknown fields: a near miss of a guarding field that is also given only warns",
         ),
     ],
 )
@@ -326,10 +331,73 @@ def test_unknown_fields_warn(doc: dict[str, Any], expected: list[str]) -> None:
 def test_unknown_field_warning_text() -> None:
     """Unknown-field warnings read like every other problem: file, kind, name, path."""
     (warning,) = load(config(hook(timeoutSecond=5))).warnings
-    assert (
-        str(warning)
-        == 't.yaml: MutatingWebhookConfiguration "team-a" webhooks[0].timeoutSecond: unknown field'
+    assert str(warning) == (
+        't.yaml: MutatingWebhookConfiguration "team-a" webhooks[0].timeoutSecond: unknown field; '
+        "did you mean timeoutSeconds?"
     )
+
+
+GUARDING_TYPOS = [
+    pytest.param(
+        {"namespaceSelectr": {"matchLabels": {"team": "a"}}},
+        "webhooks[0].namespaceSelectr",
+        "namespaceSelector",
+        id="a misspelt namespaceSelector would match every namespace: refused",
+    ),
+    pytest.param(
+        {"ObjectSelector": {"matchLabels": {"team": "a"}}},
+        "webhooks[0].ObjectSelector",
+        "objectSelector",
+        id="a wrongly cased objectSelector would match every object: refused",
+    ),
+    pytest.param(
+        {"failurPolicy": "Ignore"},
+        "webhooks[0].failurPolicy",
+        "failurePolicy",
+        id="a misspelt failurePolicy would silently be the default: refused",
+    ),
+    pytest.param(
+        {"matchConditons": [{"name": "x", "expression": "true"}]},
+        "webhooks[0].matchConditons",
+        "matchConditions",
+        id="misspelt matchConditions would match everything the rules do: refused",
+    ),
+    pytest.param(
+        {"objectSelector": {"matchLabel": {"a": "b"}}},
+        "webhooks[0].objectSelector.matchLabel",
+        "matchLabels",
+        id="a misspelt matchLabels inside a selector empties it: refused",
+    ),
+    pytest.param(
+        {
+            "rules": [
+                {
+                    "operations": ["CREATE"],
+                    "apiGroups": [""],
+                    "apiVersions": ["v1"],
+                    "resources": ["pods"],
+                    "scoep": "Namespaced",
+                }
+            ]
+        },
+        "webhooks[0].rules[0].scoep",
+        "scope",
+        id="a misspelt rule field (scope) widens the rule: refused",
+    ),
+]
+
+
+@pytest.mark.parametrize(("fields", "path", "meant"), GUARDING_TYPOS)
+def test_a_typo_of_a_selector_rule_or_policy_field_is_an_error(
+    fields: dict[str, Any], path: str, meant: str
+) -> None:
+    """An unknown field one edit away from a field that narrows a webhook or sets how it fails (and not
+    also given) is an error naming the field it misspells; other unknown fields stay warnings."""
+    with pytest.raises(ConfigError) as raised:
+        load(config(hook(**fields)))
+    (error,) = raised.value.errors
+    assert error.path == path
+    assert error.message.startswith(f"unknown field; did you mean {meant}? (refused:")
 
 
 @pytest.mark.parametrize(

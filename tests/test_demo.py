@@ -33,9 +33,9 @@ def test_demo_shows_each_decision() -> None:
 
 
 def test_bundled_configuration_is_valid() -> None:
-    """The bundled configuration passes `webhook-gateway check` with no warnings."""
+    """The bundled configuration (shipped in the package) passes `webhook-gateway check` with no warnings."""
     result = subprocess.run(
-        [sys.executable, "-m", "gateway", "check", "--config", "config/webhooks", "--warnings-as-errors"],
+        [sys.executable, "-m", "gateway", "check", "--config", "gateway/data/demo", "--warnings-as-errors"],
         capture_output=True,
         text=True,
         timeout=60,

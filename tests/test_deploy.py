@@ -205,6 +205,7 @@ def test_shipped_registration_matches_the_shipped_configuration(tmp_path: Path) 
     assert [d["webhooks"] for d in yaml.safe_load_all(shipped) if d] == [[], []]
     result = subprocess.run(
         [sys.executable, "-m", "gateway", "check", "--config", str(DEPLOY / "base" / "backends"),
+         "--allow-empty-config",  # as the shipped Deployment starts on the shipped (empty) example
          "--registration", str(DEPLOY / "registration" / "webhooks.yaml"), "--warnings-as-errors"],
         cwd=ROOT, capture_output=True, text=True, check=False, timeout=60,
     )  # fmt: skip
@@ -233,10 +234,16 @@ def _sample_registration() -> tuple[Doc, Doc]:
     return compute(load_directory(SAMPLE_CONFIG)).documents()
 
 
+def _wanted() -> dict[str, Doc]:
+    """The computed registration's webhooks by name."""
+    return {hook["name"]: hook for doc in _sample_registration() for hook in doc["webhooks"]}
+
+
 def _check_rules_from_config(docs: list[Doc]) -> None:
-    wanted = {doc["kind"]: doc["webhooks"][0] for doc in _sample_registration()}
-    for kind, hook in hooks(docs):
-        assert hook["rules"] == wanted[kind]["rules"], "exactly the backends' rules, nothing wider"
+    wanted = _wanted()
+    assert sorted(hook["name"] for _, hook in hooks(docs)) == sorted(wanted)
+    for _, hook in hooks(docs):
+        assert hook["rules"] == wanted[hook["name"]]["rules"], "exactly the backends' rules, nothing wider"
         assert hook["matchPolicy"] == "Exact"
         assert hook["admissionReviewVersions"] == ["v1", "v1beta1"]
         assert len(hook["name"].split(".")) >= 3
@@ -258,19 +265,29 @@ def _check_side_effects(docs: list[Doc]) -> None:
     assert {hook["sideEffects"] for _, hook in hooks(docs)} == {"NoneOnDryRun"}
 
 
-def _check_fail_closed_with_exclusions(docs: list[Doc]) -> None:
+def _check_failure_policies_with_exclusions(docs: list[Doc]) -> None:
+    policies = {hook["name"]: hook["failurePolicy"] for _, hook in hooks(docs)}
+    # tests/configs/sample: validating backends of both policies, a mutating chain with a Fail backend
+    assert policies == {
+        "validate.webhook-gateway.io-fail": "Fail",
+        "validate.webhook-gateway.io-ignore": "Ignore",
+        "mutate.webhook-gateway.io": "Fail",
+    }
     for _, hook in hooks(docs):
-        assert hook["failurePolicy"] == "Fail"
         assert {_own_namespace(docs), "kube-system"} <= _excluded_namespaces(hook)
         assert "matchLabels" not in hook["namespaceSelector"]
 
 
 def _check_timeout(docs: list[Doc]) -> None:
-    wanted = {doc["kind"]: doc["webhooks"][0]["timeoutSeconds"] for doc in _sample_registration()}
-    # tests/configs/sample: the longest validating backend has the default 10 s (+ the margin,
-    # rounded up); the mutating chain, with an IfNeeded backend counted twice, passes the 30 s cap.
-    assert {kind: hook["timeoutSeconds"] for kind, hook in hooks(docs)} == wanted
-    assert wanted == {"ValidatingWebhookConfiguration": 11, "MutatingWebhookConfiguration": 30}
+    wanted = {name: hook["timeoutSeconds"] for name, hook in _wanted().items()}
+    # tests/configs/sample: the longest validating backend of each half has the default 10 s (+ the
+    # margin, rounded up); the mutating chain, with an IfNeeded backend counted twice, passes the 30 s cap.
+    assert {hook["name"]: hook["timeoutSeconds"] for _, hook in hooks(docs)} == wanted
+    assert wanted == {
+        "validate.webhook-gateway.io-fail": 11,
+        "validate.webhook-gateway.io-ignore": 11,
+        "mutate.webhook-gateway.io": 30,
+    }
 
 
 def _check_reinvocation(docs: list[Doc]) -> None:
@@ -281,15 +298,19 @@ def _check_reinvocation(docs: list[Doc]) -> None:
 def _check_endpoints(docs: list[Doc]) -> None:
     service = one(docs, "Service")
     paths = {}
-    for kind, hook in hooks(docs):
+    for _, hook in hooks(docs):
         ref = hook["clientConfig"]["service"]
         assert (ref["name"], ref["namespace"]) == (
             service["metadata"]["name"],
             service["metadata"]["namespace"],
         )
         assert ref["port"] == 443
-        paths[kind] = ref["path"]
-    assert paths == {"ValidatingWebhookConfiguration": "/validate", "MutatingWebhookConfiguration": "/mutate"}
+        paths[hook["name"]] = ref["path"]
+    assert paths == {
+        "validate.webhook-gateway.io-fail": "/validate/fail",
+        "validate.webhook-gateway.io-ignore": "/validate/ignore",
+        "mutate.webhook-gateway.io": "/mutate",
+    }
     (port,) = service["spec"]["ports"]
     assert (port["port"], port["targetPort"]) == (443, "https")
     assert (
@@ -432,12 +453,16 @@ def _check_image(docs: list[Doc]) -> None:
         ),
         pytest.param(_check_side_effects, id="GW-09: both registrations declare sideEffects NoneOnDryRun"),
         pytest.param(
-            _check_fail_closed_with_exclusions,
-            id="GW-08: failurePolicy Fail, namespaceSelector excludes the own namespace and kube-system",
+            _check_failure_policies_with_exclusions,
+            id="GW-08: each backend's failurePolicy kept (a -fail and an -ignore registration; the chain Fail), "
+            "namespaceSelector excludes the own namespace and kube-system",
         ),
         pytest.param(_check_timeout, id="GW-05: timeoutSeconds from the backends' budgets, at most 30"),
         pytest.param(_check_reinvocation, id="GW-07: the mutating registration has reinvocationPolicy Never"),
-        pytest.param(_check_endpoints, id="REV-16: /validate and /mutate on the Service's port 443"),
+        pytest.param(
+            _check_endpoints,
+            id="REV-16: /validate/fail, /validate/ignore and /mutate on the Service's port 443",
+        ),
         pytest.param(
             _check_replicas, id="GW-08: at least 2 replicas spread by anti-affinity, surge-only rollout"
         ),
@@ -834,7 +859,7 @@ def test_gen_certs_refuses_an_unknown_key_type(tmp_path: Path) -> None:
 async def test_openssl_variant_trusts_its_secret(openssl_deploy: Path, tmp_path: Path) -> None:
     """GW-08: in the openssl variant each registration's caBundle verifies the Secret's certificate."""
     docs = render(openssl_deploy) + render(openssl_deploy / "registration")
-    assert len(list(hooks(docs))) == 2
+    assert len(list(hooks(docs))) == 3
     secret = one(docs, "Secret", "webhook-gateway-tls")
     cert, key = (base64.b64decode(secret["data"][k]) for k in ("tls.crt", "tls.key"))
     service, namespace = one(docs, "Service")["metadata"]["name"], _own_namespace(docs)

@@ -65,15 +65,53 @@ def test_nothing_user_facing_points_outside_the_repository(needle: str) -> None:
     assert not offenders
 
 
+def options_table(command: str) -> str:
+    """The options table of ``command`` as docs/configuration.md shows it, rendered from its parser
+    (print them all with ``python -c "from tests.test_docs import print_tables; print_tables()"``)."""
+    prog = "webhook-gateway" if command == "serve" else f"webhook-gateway {command}"
+    parser = _command(command).build_parser(prog)
+    rows = ["| option | default | environment variable | meaning |", "| --- | --- | --- | --- |"]
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction | argparse._VersionAction):
+            continue
+        text = " ".join((action.help or "").split())
+        env = re.search(r" \[env: ([A-Z0-9_]+)\]$", text)
+        text = text[: env.start()] if env else text
+        shown = re.search(r" \(default: (.*)\)$", text)
+        text = text[: shown.start()] if shown else text
+        if action.option_strings:
+            name = ", ".join(f"`{f}`" for f in action.option_strings)
+        else:
+            name = f"`{action.metavar}` (positional)"
+        if shown:
+            default = shown.group(1)
+        elif isinstance(action, argparse._StoreTrueAction):
+            default = "off"
+        elif action.default not in (None, [], (), "") and action.option_strings:
+            default = str(action.default)
+        else:
+            default = "—"
+        meaning = text.replace("|", "\\|")
+        if action.choices:
+            meaning += " (" + " \\| ".join(f"`{c}`" for c in action.choices) + ")"
+        variable = f"`{env.group(1)}`" if env else "—"
+        rows.append(f"| {name} | {default} | {variable} | {meaning} |")
+    return "\n".join(rows)
+
+
+def print_tables() -> None:
+    for command in COMMANDS:
+        print(f"### `{command}`\n\n{options_table(command)}\n")
+
+
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_option_is_in_the_configuration_reference(command: str) -> None:
+    """docs/configuration.md shows each command's options exactly as its parser has them: flags,
+    defaults, variables (one meaning each) and choices."""
     reference = (REPO / "docs" / "configuration.md").read_text()
-    parser = _command(command).build_parser(f"webhook-gateway {command}")
-    for action in parser._actions:
-        if isinstance(action, argparse._HelpAction):
-            continue
-        for flag in action.option_strings:
-            assert f"`{flag}`" in reference, f"{command} {flag} is not in docs/configuration.md"
+    assert options_table(command) in reference, (
+        f"`{command}`'s options table differs from its parser:\n" + options_table(command)
+    )
 
 
 def test_readme_installs_what_ci_installs() -> None:
@@ -119,3 +157,60 @@ def test_every_relative_link_in_the_readme_and_docs_resolves() -> None:
         elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
             broken.append(f"{doc.relative_to(REPO)}: {target} (no such anchor)")
     assert broken == []
+
+
+@pytest.mark.parametrize("workers", ["1", "2"], ids=["one process", "worker processes"])
+def test_metrics_reference_covers_every_family_a_gateway_serves(tmp_path: Path, workers: str) -> None:
+    """Scrape a running gateway (one process, and with the --workers supervisor): every family it
+    serves is in docs/metrics.md with the same type and help text (process_* are named in the header)."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.support.gateway import hook, write_config
+
+    write_config(tmp_path, validating={"v": [hook("a.example.com", "https://backend.example.com/v")]})
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "--config", str(tmp_path), "--bind", "127.0.0.1:0",
+         "--metrics-bind", f"127.0.0.1:{port}", "--workers", workers, "--log-level", "error"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        text = ""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and "webhook_gateway_build_info" not in text:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as got:
+                    text = got.read().decode()
+            except OSError:
+                time.sleep(0.2)
+        assert "webhook_gateway_build_info" in text, process.stderr
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    reference = (REPO / "docs" / "metrics.md").read_text()
+    documented = {}
+    for row in re.findall(r"^\| `(\w+)` \| (\w+) \| .*? \| (.*) \|$", reference, re.M):
+        documented[row[0]] = (row[1], row[2])
+    served = {}
+    for family in text_string_to_metric_families(text):
+        if family.name.startswith(("process_", "python_")):
+            continue
+        name = family.name + (
+            "_total" if family.type == "counter" and family.name + "_total" in documented else ""
+        )
+        if family.type == "info":
+            name = family.name + "_info"
+        served[name] = family.type if family.type != "info" else "gauge"
+    missing = sorted(set(served) - set(documented))
+    assert missing == [], f"families served but not in docs/metrics.md: {missing}"
+    assert {n: t for n, t in served.items() if documented[n][0] != t} == {}
+    if workers == "2":
+        assert {"webhook_gateway_workers", "webhook_gateway_worker_restarts_total"} <= set(served)

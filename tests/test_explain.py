@@ -101,10 +101,14 @@ async def test_explain_orders_calls_and_shares_the_budget(tmp_path: Path) -> Non
         "--config", str(config), "-", "--timeout", "5.2", "--namespace-labels", "env=prod", "--dry-run", "-o", "json",
         stdin=json.dumps(review(pod())),
     )  # fmt: skip
-    assert code == 0, err
+    assert code == 1, err  # the dry run is refused (FPT-09): a denial
     report = json.loads(out)
     rows = _rows(report)
-    assert report["budgetSeconds"] == 5.0
+    assert set(report["budgetSeconds"].values()) == {5.0}
+    assert (
+        report["verdict"]["outcome"] == "denied"
+        and "side-effects.example.com" in report["verdict"]["message"]
+    )
     assert [(rows[n]["order"], rows[n]["effectiveTimeoutSeconds"]) for n in ("first.example.com", "second.example.com")] == [
         ("1", 3.0), ("2", 2.0)
     ]  # fmt: skip
@@ -140,14 +144,14 @@ async def test_explain_call_sends_a_dry_run_to_real_backends(nursery: trio.Nurse
         "json",
         stdin=json.dumps(review(pod(labels={"app": "web"}))),
     )
-    assert code == 0, err
+    assert code == 1, err  # denied
     called = await explain(
         "--config", str(config), "-", "--call", stdin=json.dumps(review(pod(labels={"app": "web"})))
     )
-    report = json.loads(out)["call"]
-    assert report["mutating"]["allowed"] is True
-    assert report["mutating"]["patch"][0]["path"] == "/metadata/labels/first"
-    validating = report["validating"]
+    report = json.loads(out)["call"]["paths"]
+    assert report["/mutate"]["allowed"] is True
+    assert report["/mutate"]["patch"][0]["path"] == "/metadata/labels/first"
+    validating = report["/validate/fail"]
     assert validating["allowed"] is False
     assert (
         'admission webhook "deny.example.com" denied the request: no miners'
@@ -174,5 +178,5 @@ async def test_explain_bad_input_is_one_line(
 ) -> None:
     config = _config(tmp_path / "c")
     code, _out, err = await explain("--config", str(config), *args, stdin=stdin)
-    assert code == 1
+    assert code == 2
     assert message in err and len(err.strip().splitlines()) == 1

@@ -246,7 +246,9 @@ def widget(name: str, **labels: str) -> str:
     )
 
 
-GATEWAY_PREFIX = 'admission webhook "validate.webhook-gateway.io" denied the request: '
+# The denying backends have failurePolicy Fail: behind the gateway they are reached through its -fail
+# registration (docs/deploy.md: each backend's failure semantics kept).
+GATEWAY_PREFIX = 'admission webhook "validate.webhook-gateway.io-fail" denied the request: '
 
 
 @dataclass(frozen=True)
@@ -472,7 +474,7 @@ AUDIT = [
     pytest.param(
         configmap("aud-warn", warn="yes"),
         {"warn.e2e.example.com/team": "payments"},
-        {"validate.webhook-gateway.io/warn.e2e.example.com_team": "payments"},
+        {"validate.webhook-gateway.io-fail/warn.e2e.example.com_team": "payments"},
         id="a backend's annotation: <backend>/<key> directly, <gateway>/<backend>_<key> behind it (AUD-01, AUD-04)",
     ),
     pytest.param(
@@ -492,7 +494,9 @@ AUDIT = [
     pytest.param(
         configmap("aud-ignore", **{"dead-ignore": "yes"}),
         {"failed-open.validating.webhook.admission.k8s.io/round_0_index_0": "dead-ignore.e2e.example.com"},
-        {"validate.webhook-gateway.io/failed-open.validating.round_0_index_0": "dead-ignore.e2e.example.com"},
+        {
+            "validate.webhook-gateway.io-ignore/failed-open.validating.round_0_index_0": "dead-ignore.e2e.example.com"
+        },
         id="a fail-open call is recorded, naming the backend, behind the gateway too (AUD-05, AUD-06)",
     ),
 ]

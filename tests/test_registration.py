@@ -279,7 +279,7 @@ def test_fixed_fields(tmp_path: Path) -> None:
         assert "matchConditions" not in w, "pods alone needs no exclusion condition"
     assert mutating["webhooks"][0]["reinvocationPolicy"] == "Never"
     assert "reinvocationPolicy" not in validating["webhooks"][0]
-    assert validating["webhooks"][0]["clientConfig"]["service"]["path"] == "/validate"
+    assert validating["webhooks"][0]["clientConfig"]["service"]["path"] == "/validate/fail"
     assert mutating["webhooks"][0]["clientConfig"]["service"]["path"] == "/mutate"
 
 
@@ -434,7 +434,7 @@ CLI_ERRORS = [
 def test_cli_errors(tmp_path: Path, args: list[str], message: str) -> None:
     write_config(tmp_path, validating={"v": [hook("a.example.com", URL)]})
     result = run_cli("registration", "--config", str(tmp_path), *args)
-    assert (result.returncode, result.stdout) == (1, "")
+    assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr.startswith(f"webhook-gateway: error: {message}") and result.stderr.count("\n") == 1
 
 
@@ -446,14 +446,17 @@ def test_url_registers_client_config_url_instead_of_the_service(tmp_path: Path) 
     result = run_cli("registration", "--config", str(tmp_path), "--url", "https://127.0.0.1:8443/")
     assert result.returncode == 0, result.stderr
     configs = [d["webhooks"][0]["clientConfig"] for d in yaml.safe_load_all(result.stdout) if d]
-    assert configs == [{"url": "https://127.0.0.1:8443/validate"}, {"url": "https://127.0.0.1:8443/mutate"}]
+    assert configs == [
+        {"url": "https://127.0.0.1:8443/validate/fail"},
+        {"url": "https://127.0.0.1:8443/mutate"},
+    ]
 
 
 def test_cli_refuses_a_bad_configuration(tmp_path: Path) -> None:
     """CFG-23: nothing printed on stdout for a configuration the gateway would refuse."""
     write_config(tmp_path, validating={"v": [hook("bad", URL)]})
     result = run_cli("registration", "--config", str(tmp_path))
-    assert (result.returncode, result.stdout) == (1, "")
+    assert (result.returncode, result.stdout) == (2, "")
     assert "webhooks[0].name" in result.stderr and "no registration printed" in result.stderr
     assert "Traceback" not in result.stderr
 
@@ -494,12 +497,10 @@ def _write(path: Path, docs: list[Doc]) -> str:
 def test_compare_finds_nothing_for_the_computed_registration(tmp_path: Path) -> None:
     validating, mutating = computed(
         tmp_path,
-        validating=[hook("a.example.com", URL)],
+        validating=[hook("a.example.com", URL), hook("i.example.com", URL, failurePolicy="Ignore")],
         mutating=[hook("b.example.com", URL, rules=[rule(["CREATE"], [""], ["v1"], ["pods"])])],
     )
-    from gateway.registration import Registration
-
-    assert compare([validating, mutating], Registration(validating, mutating)) == []
+    assert compare([validating, mutating], load_directory(tmp_path)) == []
 
 
 CHECK_REGISTRATIONS = [
@@ -548,11 +549,13 @@ CHECK_REGISTRATIONS = [
             }
         ],
         [
-            "stricter than the configuration needs: backends never see reviews their rules match, e.g. UPDATE v1 pods",
-            "stricter: namespaces shop are excluded",
-            "stricter: timeoutSeconds 1 is less than the 6s",
+            "stricter than the configuration needs: the validating backends with failurePolicy Fail never "
+            "see reviews their rules match, e.g. UPDATE pods (v1)",
+            "stricter: webhook validate.webhook-gateway.io excludes namespaces shop",
+            "stricter: webhook validate.webhook-gateway.io has timeoutSeconds 1, less than the 6s",
             "sideEffects 'Some'",
             "MutatingWebhookConfiguration: missing, but some backend needs it (stricter)",
+            "hint: regenerate it: webhook-gateway registration --config",
         ],
         id="GW-05/09: a hand-narrowed registration misses UPDATE, a namespace and time, and blocks dry runs",
     ),
@@ -645,3 +648,244 @@ def test_rules_are_merged_where_exact(tmp_path: Path, rules: list[Doc], want: li
     backends = [hook(f"b{i}.example.com", URL, rules=[r]) for i, r in enumerate(rules)]
     validating, _ = computed(tmp_path, validating=backends)
     assert validating["webhooks"][0]["rules"] == want
+
+
+# --- each backend's failure semantics (issue 33 §3) --------------------------------------------------
+
+PODS = [rule(["CREATE"], [""], ["v1"], ["pods"])]
+CONFIGMAPS = [rule(["CREATE"], [""], ["v1"], ["configmaps"])]
+
+SPLITS = [
+    pytest.param(
+        [
+            hook("a.example.com", URL, rules=PODS, timeoutSeconds=5),
+            hook("b.example.com", URL, rules=CONFIGMAPS, failurePolicy="Ignore", timeoutSeconds=3),
+        ],
+        [
+            ("validate.webhook-gateway.io-fail", "/validate/fail", "Fail", 6, ["pods"]),
+            ("validate.webhook-gateway.io-ignore", "/validate/ignore", "Ignore", 4, ["configmaps"]),
+        ],
+        id="VAL: Fail and Ignore backends are served by two registrations, each with its own path, "
+        "failurePolicy, rules and timeout",
+    ),
+    pytest.param(
+        [hook("g.example.com", URL, failurePolicy="Ignore", timeoutSeconds=3)],
+        [("validate.webhook-gateway.io-ignore", "/validate/ignore", "Ignore", 4, ["*/*"])],
+        id="VAL: wildcard backends that all fail open (Gatekeeper) are registered fail-open only",
+    ),
+    pytest.param(
+        [hook("a.example.com", URL, rules=PODS, timeoutSeconds=2)],
+        [("validate.webhook-gateway.io-fail", "/validate/fail", "Fail", 3, ["pods"])],
+        id="VAL: fail-closed backends only: one -fail registration",
+    ),
+]
+
+
+@pytest.mark.parametrize(("backends", "want"), SPLITS)
+def test_validating_backends_split_by_failure_policy(
+    tmp_path: Path, backends: list[Doc], want: list[tuple[Any, ...]]
+) -> None:
+    """A gateway outage fails open exactly where the backends registered directly would."""
+    validating, _ = computed(tmp_path, validating=backends)
+    got = [
+        (
+            w["name"],
+            w["clientConfig"]["service"]["path"],
+            w["failurePolicy"],
+            w["timeoutSeconds"],
+            [res for r in w["rules"] for res in r["resources"]],
+        )
+        for w in validating["webhooks"]
+    ]
+    assert got == want
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(validating, version, strict=True)
+
+
+MUTATING_POLICIES = [
+    pytest.param(
+        ["Ignore", "Ignore"], "Ignore", [], id="MUT: a chain of Ignore backends is registered Ignore"
+    ),
+    pytest.param(
+        ["Fail", "Ignore", "Ignore"],
+        "Fail",
+        ["m1.example.com", "m2.example.com"],
+        id="MUT: one Fail backend makes the chain Fail; the note names every Ignore backend made fail-closed",
+    ),
+    pytest.param(["Fail"], "Fail", [], id="MUT: a chain of Fail backends is registered Fail, no note"),
+]
+
+
+@pytest.mark.parametrize(("policies", "want", "named"), MUTATING_POLICIES)
+def test_mutating_registration_fails_closed_only_for_a_fail_backend(
+    tmp_path: Path, policies: list[str], want: str, named: list[str]
+) -> None:
+    backends = [hook(f"m{i}.example.com", URL, failurePolicy=p) for i, p in enumerate(policies)]
+    write_config(tmp_path / "cfg", mutating={"m": backends})
+    result = run_cli("registration", "--config", str(tmp_path / "cfg"))
+    assert result.returncode == 0, result.stderr
+    mutating = [d for d in yaml.safe_load_all(result.stdout) if d][1]
+    assert [w["failurePolicy"] for w in mutating["webhooks"]] == [want]
+    notes = [line for line in result.stderr.splitlines() if "made fail-closed" in line]
+    if named:
+        (note,) = notes
+        assert note.startswith("note: ") and all(f"{n} (m)" in note for n in named)
+        assert "m0.example.com (m)" not in note.split("made fail-closed")[1]
+    else:
+        assert notes == []
+
+
+def test_forced_failure_policy_is_one_registration_with_a_note(tmp_path: Path) -> None:
+    """--failure-policy Fail: one validating registration on /validate, and a note per backend it changes."""
+    write_config(
+        tmp_path / "cfg",
+        validating={"v": [hook("a.example.com", URL), hook("i.example.com", URL, failurePolicy="Ignore")]},
+    )
+    result = run_cli("registration", "--config", str(tmp_path / "cfg"), "--failure-policy", "Fail")
+    assert result.returncode == 0, result.stderr
+    (w,) = next(d for d in yaml.safe_load_all(result.stdout) if d)["webhooks"]
+    assert (w["clientConfig"]["service"]["path"], w["failurePolicy"]) == ("/validate", "Fail")
+    assert "made fail-closed" in result.stderr and "i.example.com (v)" in result.stderr
+
+
+def _one_webhook(path: str, policy: str) -> Doc:
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": "webhook-gateway"},
+        "webhooks": [
+            {
+                "name": "validate.webhook-gateway.io",
+                "clientConfig": {
+                    "service": {"namespace": "webhook-gateway", "name": "webhook-gateway", "path": path}
+                },
+                "rules": [rule(["*"], ["*"], ["*"], ["*/*"])],
+                "matchPolicy": "Exact",
+                "failurePolicy": policy,
+                "namespaceSelector": {
+                    "matchExpressions": [
+                        {
+                            "key": "kubernetes.io/metadata.name",
+                            "operator": "NotIn",
+                            "values": ["webhook-gateway", "kube-system", "kube-node-lease"],
+                        }
+                    ]
+                },
+                "sideEffects": "NoneOnDryRun",
+                "timeoutSeconds": 30,
+                "admissionReviewVersions": ["v1"],
+            }
+        ],
+    }
+
+
+REGISTRATION_POLICIES = [
+    pytest.param(
+        _one_webhook("/validate", "Fail"),
+        "stricter: webhook validate.webhook-gateway.io is failurePolicy Fail, so these backends with "
+        "failurePolicy Ignore fail closed while no gateway replica answers: g.example.com (v)",
+        id="an old single Fail registration makes Gatekeeper-like Ignore backends fail closed",
+    ),
+    pytest.param(
+        _one_webhook("/validate/ignore", "Fail"),
+        "stricter: webhook validate.webhook-gateway.io is failurePolicy Fail, so these backends with "
+        "failurePolicy Ignore fail closed",
+        id="the -ignore half registered Fail",
+    ),
+    pytest.param(
+        _one_webhook("/validate/fail", "Ignore"),
+        "stricter than the configuration needs: the validating backends with failurePolicy Ignore never "
+        "see reviews their rules match",
+        id="the -ignore half missing: its backends never see their reviews",
+    ),
+    pytest.param(
+        _one_webhook("/validate/ignore", "Ignore")
+        | {
+            "webhooks": [
+                *_one_webhook("/validate/ignore", "Ignore")["webhooks"],
+                _one_webhook("/elsewhere", "Ignore")["webhooks"][0] | {"name": "other.webhook-gateway.io"},
+            ]
+        },
+        "webhook other.webhook-gateway.io sends reviews to /elsewhere, which the gateway does not serve "
+        "(/validate/fail, /validate/ignore)",
+        id="a path the gateway does not serve",
+    ),
+]
+
+
+@pytest.mark.parametrize(("written", "finding"), REGISTRATION_POLICIES)
+def test_check_warns_where_a_registration_changes_failure_semantics(
+    tmp_path: Path, written: Doc, finding: str
+) -> None:
+    write_config(tmp_path / "cfg", validating={"v": [hook("g.example.com", URL, failurePolicy="Ignore")]})
+    path = _write(tmp_path / "reg.yaml", [written])
+    result = run_cli("check", "--config", str(tmp_path / "cfg"), "--registration", path)
+    assert result.returncode == 0, result.stderr
+    assert finding in " ".join(result.stderr.split())
+
+
+HALF_PATHS = [
+    pytest.param(
+        "/validate/fail", ["fail-closed.example.com"], id="/validate/fail runs only the Fail backends"
+    ),
+    pytest.param(
+        "/validate/ignore", ["fail-open.example.com"], id="/validate/ignore runs only the Ignore backends"
+    ),
+    pytest.param(
+        "/validate",
+        ["fail-closed.example.com", "fail-open.example.com"],
+        id="/validate runs every validating backend (a registration made with --failure-policy)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("path", "called"), HALF_PATHS)
+async def test_each_half_path_runs_only_its_backends(
+    nursery: Any, tmp_path: Path, path: str, called: list[str]
+) -> None:
+    """The gateway serves each registration's path with only that half's backends, over real sockets."""
+    import json
+
+    from gateway.devtools.backends import serve_backend
+    from tests.support.gateway import gateway_client, review, start_gateway
+
+    server = await nursery.start(lambda task_status: serve_backend(task_status=task_status))
+    base = f"http://127.0.0.1:{server.port}"
+    write_config(
+        tmp_path / "cfg",
+        validating={
+            "v": [
+                hook("fail-closed.example.com", f"{base}/deny/403/closed", failurePolicy="Fail"),
+                hook("fail-open.example.com", f"{base}/deny/403/open", failurePolicy="Ignore"),
+            ]
+        },
+    )
+    running = await start_gateway(nursery, tmp_path / "cfg")
+    client = await gateway_client(running)
+    got = await client.post(f"{path}?timeout=5s", json.dumps(review()).encode())
+    assert got is not None and got.status == 200
+    response = got.json["response"]
+    assert response["allowed"] is False
+    assert called[0] in response["status"]["message"]
+    paths = {"/deny/403/closed": "fail-closed.example.com", "/deny/403/open": "fail-open.example.com"}
+    assert sorted(paths[c.path.split("?")[0]] for c in server.calls) == called
+
+
+def test_check_registration_examples_are_real_requests(tmp_path: Path) -> None:
+    """Issue 33 §5: check --registration names request shapes that can happen — no placeholder version,
+    no namespaced resource called cluster-scoped, no resource in a group that does not serve it, nothing the
+    computed registration excludes on purpose — and says how to regenerate the file."""
+    empty = REPO / "deploy" / "registration" / "webhooks.yaml"  # registers nothing
+    gatekeeper = REPO / "tests" / "configs" / "thirdparty" / "gatekeeper.yaml"
+    result = run_cli("check", str(gatekeeper), "--registration", str(empty))
+    assert result.returncode == 0, result.stderr
+    findings = [line for line in result.stderr.splitlines() if line.endswith("[registration]")]
+    assert findings and all("stricter than the configuration needs" in f for f in findings)
+    text = "\n".join(findings)
+    for impossible in ("v0", "unlisted", "pods (cluster-scoped)", "certificatesigningrequests ", "leases",
+                       "nodes", "tokenreviews", "events"):  # fmt: skip
+        assert impossible not in text, impossible
+    assert "CREATE pods" in text
+    assert (
+        f"hint: regenerate it: webhook-gateway registration --config {gatekeeper} > {empty}" in result.stderr
+    )

@@ -38,6 +38,7 @@ from tests.support.inbound import (
     Gateway,
     H2Client,
     RawH2,
+    autojump_over_sockets,
     close_wait_sockets,
     closed_by_peer,
     frame,
@@ -221,12 +222,24 @@ DEADLINE_CASES = [
 ]
 
 
+@pytest.fixture
+def virtual_time() -> trio.testing.MockClock:
+    """Time is the point of the deadline tests: they run on trio's autojump clock (real sockets)."""
+    return autojump_over_sockets()
+
+
 @pytest.mark.parametrize(("case", "args", "reason"), DEADLINE_CASES)
 async def test_read_deadlines(
-    nursery: trio.Nursery, tmp_path: Path, case: str, args: list[str], reason: str
+    nursery: trio.Nursery,
+    virtual_time: trio.testing.MockClock,
+    tmp_path: Path,
+    case: str,
+    args: list[str],
+    reason: str,
 ) -> None:
     gw = await start(nursery, tmp_path, await _answering_backend(nursery), *args)
     stream = await trio.open_tcp_stream("127.0.0.1", gw.port)
+    since = trio.current_time()  # when the deadline starts: the connection, its head, its last reply
     if case == "slowloris":
         nursery.start_soon(_drip, stream, review_request(), 0.1)
     elif case == "slow-body":
@@ -238,13 +251,18 @@ async def test_read_deadlines(
     elif case == "idle":
         await stream.send_all(review_request())
         assert b" 200 " in await read_response(stream)
+        since = trio.current_time()
     assert await closed_by_peer(stream, within=5.0)
+    # Virtual time: reading and answering take none, so the cut comes when the deadline says.
+    assert trio.current_time() - since == pytest.approx(0.5, abs=0.03)
     assert gw.counter("inbound_closed", reason) == 1
     assert await _eventually(lambda: gw.in_flight == 0)
     assert await _well_behaved(gw) == 200
 
 
-async def test_h2_slow_body_resets_only_its_stream(nursery: trio.Nursery, tmp_path: Path) -> None:
+async def test_h2_slow_body_resets_only_its_stream(
+    nursery: trio.Nursery, virtual_time: trio.testing.MockClock, tmp_path: Path
+) -> None:
     """HTTP/2: a body that stops arriving resets its stream; the connection keeps serving others."""
     gw = await start(nursery, tmp_path, await _answering_backend(nursery), "--body-read-timeout", "0.5")
     client = await H2Client.open(gw.port)
@@ -396,17 +414,19 @@ async def test_file_descriptor_exhaustion(
 
 
 async def test_h2_zero_window_reply_is_bounded_by_the_write_deadline(
-    nursery: trio.Nursery, tmp_path: Path
+    nursery: trio.Nursery, virtual_time: trio.testing.MockClock, tmp_path: Path
 ) -> None:
     """SETTINGS_INITIAL_WINDOW_SIZE=0 and no WINDOW_UPDATE: closed at --write-timeout, in-flight back to 0."""
     gw = await start(nursery, tmp_path, await _answering_backend(nursery), "--write-timeout", "0.5")
     client = await H2Client.open(gw.port, INITIAL_WINDOW_SIZE=0)
+    since = trio.current_time()
     for _ in range(20):
         await client.post()
     assert await _eventually(
         lambda: gw.counter("inbound_requests", "validating", "200") == 20 or gw.in_flight == 20
     )
     assert await closed_by_peer(client.stream, within=5.0)
+    assert trio.current_time() - since == pytest.approx(0.5, abs=0.03)  # virtual time
     assert gw.counter("inbound_closed", "write_timeout") == 1
     assert await _eventually(lambda: gw.in_flight == 0)
     assert await _eventually(lambda: gw.open_connections == 0)
@@ -900,7 +920,7 @@ async def test_many_client_closed_connections_are_released_together(
 
 
 async def test_tls_handshake_that_never_completes_is_cut_at_the_header_deadline(
-    nursery: trio.Nursery, tmp_path: Path
+    nursery: trio.Nursery, virtual_time: trio.testing.MockClock, tmp_path: Path
 ) -> None:
     """TLS: a client that connects and never finishes its handshake is closed at --header-read-timeout."""
     import trustme
@@ -920,6 +940,8 @@ async def test_tls_handshake_that_never_completes_is_cut_at_the_header_deadline(
         "0.5",
     )
     stream = await trio.open_tcp_stream("127.0.0.1", gw.port)
+    since = trio.current_time()
     await stream.send_all(b"\x16\x03\x01\x02\x00\x01")  # the start of a ClientHello, and nothing more
     assert await closed_by_peer(stream, within=5.0)
+    assert trio.current_time() - since == pytest.approx(0.5, abs=0.03)  # virtual time
     assert gw.counter("inbound_closed", "header_timeout") == 1

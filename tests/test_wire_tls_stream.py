@@ -10,6 +10,7 @@ waits for the peer and wakes a task blocked on the stream, and no descriptor lef
 from __future__ import annotations
 
 import os
+import select
 import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -413,3 +414,88 @@ async def test_send_now_refuses_like_send_all(pair: Pair, state: str, error: typ
         with pytest.raises(error):
             pair.server.send_now(b"x")
         nursery.cancel_scope.cancel()
+
+
+async def test_two_tasks_needing_the_same_direction_wait_together_without_polling(
+    ca: trustme.CA, mock_clock: trio.testing.MockClock
+) -> None:
+    """An HTTP/2 connection's reader and writer both start before the handshake: both wait for the
+    peer's reply on the socket, where trio lets one task wait per direction. The second waits for
+    the first one's wake-up, not on a timer: under a clock that never moves, both still finish."""
+    server_ctx, client_ctx = _contexts(ca)
+    client_tcp, server_tcp = await tcp_pair()
+    client = TLSSocketStream(client_tcp, client_ctx, server_hostname="localhost")
+    server = TLSSocketStream(server_tcp, server_ctx, server_side=True)
+    got: list[bytes] = []
+
+    async def read_one() -> None:
+        got.append(await client.receive_some())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(read_one)
+        nursery.start_soon(client.send_all, b"ping")
+        await trio.testing.wait_all_tasks_blocked()  # both client tasks wait for the server
+        await server.do_handshake()
+        assert await _receive_exactly(server, 4) == b"ping"
+        await server.send_all(b"pong")
+    assert got == [b"pong"]
+    await client.aclose()
+    await server.aclose()
+
+
+# --- trio's own stream conformance checks ------------------------------------------------------------
+
+
+async def _conformance_pair(ca: trustme.CA) -> tuple[TLSSocketStream, TLSSocketStream]:
+    """A handshaken client/server pair that yields to the scheduler on every operation, as trio's
+    streams do (``schedule_every=1``); the gateway batches those yields (see ``_schedule_point``)."""
+    server_ctx, client_ctx = _contexts(ca)
+    client_tcp, server_tcp = await tcp_pair()
+    client = TLSSocketStream(client_tcp, client_ctx, server_hostname="localhost", schedule_every=1)
+    server = TLSSocketStream(server_tcp, server_ctx, server_side=True, schedule_every=1)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(server.do_handshake)
+        await client.do_handshake()
+    return client, server
+
+
+async def _clogged_pair(ca: trustme.CA) -> tuple[TLSSocketStream, TLSSocketStream]:
+    """A pair neither side of which can send until the other reads: both directions are full
+    (trio checks the pair both ways round).
+
+    Over a Unix stream socket pair: what a writer queues there stays charged to its send buffer
+    until the reader takes it, so full means full until the peer reads. (Over TCP, delayed
+    acknowledgements and the kernel compacting a receive queue open room again at moments of their
+    own, and the clogged checks became flaky on a loaded machine.) Each side writes 16 KiB records
+    while poll() calls its socket writable, then one-byte records until the socket takes no more.
+    OpenSSL keeps that last, unwritten record for a retry; it is one byte long, so trio's clogged
+    checks can call ``send_all`` with other bytes after it (what the receiver would then see of
+    them is not part of those checks: they never read them).
+    """
+    server_ctx, client_ctx = _contexts(ca)
+    left, right = trio.socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    client = TLSSocketStream(
+        trio.SocketStream(left), client_ctx, server_hostname="localhost", schedule_every=1
+    )
+    server = TLSSocketStream(trio.SocketStream(right), server_ctx, server_side=True, schedule_every=1)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(server.do_handshake)
+        await client.do_handshake()
+    record = b"x" * 16_384
+    for stream in (client, server):
+        stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65_536)
+        writable = select.poll()
+        writable.register(stream.socket, select.POLLOUT)
+        while writable.poll(0):  # at most a quarter of the buffer in use: a record fits
+            assert stream.send_now(record) == len(record)
+        while stream.send_now(b"x"):
+            pass
+    return client, server
+
+
+async def test_the_tls_stream_passes_trios_two_way_stream_checks(ca: trustme.CA) -> None:
+    """trio.testing.check_two_way_stream over real loopback sockets, both directions, with and
+    without a clogged sender: checkpoints, argument checks, Busy/Closed/Broken errors, closing
+    that wakes blocked tasks, and 1 MiB each way at once in random chunks. (TLS here closes without
+    close_notify and has no half-close, so check_half_closeable_stream does not apply.)"""
+    await trio.testing.check_two_way_stream(lambda: _conformance_pair(ca), lambda: _clogged_pair(ca))

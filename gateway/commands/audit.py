@@ -1,13 +1,18 @@
 """``webhook-gateway audit``: what would the validating backends say about what already runs?
 
-Lists objects from a cluster (read-only: GET requests only, through ``gateway.sources.kube``) or reads
-them from YAML files, sends each as a dry-run review (``dryRun: true``) through the gateway's own
-dispatcher to the validating backends that match it and allow dry runs (sideEffects None or
-NoneOnDryRun), and reports the objects they would deny, grouped by backend: a table, JSON, or
-PolicyReport-shaped YAML (``wgpolicyk8s.io/v1alpha2``, one report per namespace).
+Lists objects from a cluster (read-only: GET requests only, page by page, through
+``gateway.sources.kube``) or reads them from YAML files, and decides each as ``serve`` would if the
+apiserver sent it as a dry-run review (``dryRun: true``): the gateway's registration says whether the
+apiserver sends it at all and on which path, then the Dispatcher ``serve`` runs calls the validating
+backends that match it and allow dry runs (sideEffects None or NoneOnDryRun), within the budget the
+registration gives (``gateway.commands.whatif``). It reports every backend's result per object —
+``pass``, ``fail`` (a denial), ``error`` (a backend that could not be called or answered wrongly),
+``skip`` (the registration never sends the object's review) — as a table, JSON, or PolicyReports
+(``wgpolicyk8s.io/v1alpha2``: one per namespace, a ClusterPolicyReport for cluster-scoped objects).
 
-Bounded concurrency; a progress line on stderr; with ``--state FILE`` every finished object is
-appended to FILE at once, and a second run with the same FILE skips them (resume after an interruption).
+Exit 1 when an object would be denied, 3 when a backend failed (``--fail-on`` chooses), 2 when the
+audit cannot run. Bounded concurrency; a progress line on stderr; with ``--state FILE`` every
+finished object is appended to FILE at once, and a second run with the same FILE skips them.
 """
 
 from __future__ import annotations
@@ -15,14 +20,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.commands.options import Parser, add_option, fail
+from gateway.commands.explain import EXIT_USAGE, add_decision_options, exit_code
+from gateway.commands.options import NO_CONFIG, Parser, fail
 
-SUMMARY = "dry-run existing objects (cluster or files) against the validating backends; report denials"
+SUMMARY = "dry-run existing objects (cluster or files) against the validating backends; report the results"
 
 # resource → (group, version, kind, namespaced); any other resource as GROUP/VERSION/RESOURCE
 BUILTIN_RESOURCES: dict[str, tuple[str, str, str, bool]] = {
@@ -41,20 +48,27 @@ BUILTIN_RESOURCES: dict[str, tuple[str, str, str, bool]] = {
     "ingresses": ("networking.k8s.io", "v1", "Ingress", True),
     "networkpolicies": ("networking.k8s.io", "v1", "NetworkPolicy", True),
 }
-PAGE_SIZE = 500
 ALLOWS_DRY_RUN = ("None", "NoneOnDryRun")
+SOURCE = "webhook-gateway"
 
 
 @dataclass(frozen=True, slots=True)
 class AuditSettings:
-    config: str = "config/webhooks"
+    config: str = ""
+    allow_empty_config: bool = False
+    strict_https: bool = False
+    unknown_namespace: str = "notFound"
+    registration: str | None = None
+    deadline_margin: float = 0.2
+    fail_on: str = "any"
     kubeconfig: str | None = None
     files: tuple[str, ...] = ()
     namespace: str | None = None
     resources: tuple[str, ...] = ("pods",)
     operation: str = "CREATE"
     concurrency: int = 8
-    timeout: float = 10.0
+    timeout: float | None = None  # None: the registration's timeoutSeconds
+    chunk_size: int = 500
     output: str = "table"
     state: str | None = None
     progress: str = "auto"
@@ -64,14 +78,15 @@ class AuditSettings:
 def build_parser(prog: str) -> Parser:
     p = Parser(
         prog=prog,
-        description="Send existing objects as dry-run reviews to the validating backends that match them "
-        "and allow dry runs; report what they would deny. Never writes to the cluster.",
+        description="Decide existing objects as the gateway would if the apiserver sent them as dry-run "
+        "reviews: the validating backends that match them and allow dry runs are called; every result "
+        "is reported (pass, fail, error, skip). Never writes to the cluster.",
     )
     p.add_argument(
         "files", nargs="*", metavar="FILE", help="read objects from YAML/JSON files instead of a cluster"
     )
-    p.add_option("--config", help="configuration directory", default="config/webhooks")
-    p.add_option("--kubeconfig", help="list objects from this cluster (read-only)")
+    add_decision_options(p)
+    p.add_option("--kubeconfig", help="list objects (and namespaces) from this cluster (read-only)")
     p.add_option("--namespace", help="only this namespace", shown_default="all namespaces")
     p.add_option(
         "--resource",
@@ -82,12 +97,17 @@ def build_parser(prog: str) -> Parser:
         "--operation", choices=("CREATE", "UPDATE"), default="CREATE", help="review operation to send"
     )
     p.add_option("--concurrency", type=int, default=8, help="reviews in flight at once")
-    p.add_option("--timeout", type=float, default=10.0, help="budget per review (seconds)")
-    p.add_option("--state", help="resume file: finished objects are appended; a rerun skips them")
-    add_option(
-        p, "--progress", choices=("auto", "always", "never"), default="auto", help="progress line on stderr"
+    p.add_option(
+        "--timeout",
+        type=float,
+        help="budget per review (seconds)",
+        shown_default="the registration's timeoutSeconds, as the apiserver sends it",
     )
-    p.add_option("--backend-kubeconfig", help="per-host backend credentials")
+    p.add_option("--chunk-size", type=int, default=500, help="objects per list request (pages)")
+    p.add_option("--state", help="resume file: finished objects are appended; a rerun skips them")
+    p.add_option(
+        "--progress", choices=("auto", "always", "never"), default="auto", help="progress line on stderr"
+    )
     p.add_argument(
         "-o", "--output", choices=("table", "json", "policyreport"), default="table", help="report format"
     )
@@ -96,7 +116,13 @@ def build_parser(prog: str) -> Parser:
 
 def settings(options: argparse.Namespace) -> AuditSettings:
     return AuditSettings(
-        config=options.config,
+        config=options.config or "",
+        allow_empty_config=options.allow_empty_config,
+        strict_https=options.strict_https,
+        unknown_namespace=options.unknown_namespace,
+        registration=options.registration,
+        deadline_margin=options.deadline_margin,
+        fail_on=options.fail_on,
         kubeconfig=options.kubeconfig,
         files=tuple(options.files),
         namespace=options.namespace,
@@ -104,6 +130,7 @@ def settings(options: argparse.Namespace) -> AuditSettings:
         operation=options.operation,
         concurrency=max(1, options.concurrency),
         timeout=options.timeout,
+        chunk_size=max(1, options.chunk_size),
         output=options.output,
         state=options.state,
         progress=options.progress,
@@ -119,6 +146,7 @@ class Inventory:
     objects: list[dict[str, Any]] = field(default_factory=list)  # each with apiVersion and kind
     resources: list[str] = field(default_factory=list)  # the resource (plural) of each object
     namespaces: dict[str, dict[str, str]] = field(default_factory=dict)
+    listed_namespaces: bool = False  # from a cluster: every namespace that exists is known
 
 
 def _resource(spec: str) -> tuple[str, str, str, str, bool]:
@@ -136,10 +164,10 @@ def _resource(spec: str) -> tuple[str, str, str, str, bool]:
     )
 
 
-async def _list_all(client: Any, path: str) -> tuple[str, str, list[dict[str, Any]]]:
-    """Every item of a list, page by page: (apiVersion, item kind, items)."""
+async def list_all(client: Any, path: str, *, chunk_size: int) -> tuple[str, str, list[dict[str, Any]]]:
+    """Every item of a list, page by page (``limit`` and ``continue``): (apiVersion, item kind, items)."""
     items: list[dict[str, Any]] = []
-    query: dict[str, str] = {"limit": str(PAGE_SIZE)}
+    query: dict[str, str] = {"limit": str(chunk_size)}
     api_version, kind = "v1", ""
     while True:
         body = json.loads(await client.get(path, query))
@@ -149,7 +177,7 @@ async def _list_all(client: Any, path: str) -> tuple[str, str, list[dict[str, An
         token = (body.get("metadata") or {}).get("continue")
         if not token:
             return api_version, kind, items
-        query = {"limit": str(PAGE_SIZE), "continue": token}
+        query = {"limit": str(chunk_size), "continue": token}
 
 
 async def from_cluster(options: AuditSettings) -> Inventory:
@@ -157,8 +185,8 @@ async def from_cluster(options: AuditSettings) -> Inventory:
 
     assert options.kubeconfig is not None
     client = KubeClient(load_kubeconfig(Path(options.kubeconfig)))
-    inventory = Inventory()
-    _, _, namespaces = await _list_all(client, "/api/v1/namespaces")
+    inventory = Inventory(listed_namespaces=True)
+    _, _, namespaces = await list_all(client, "/api/v1/namespaces", chunk_size=options.chunk_size)
     for ns in namespaces:
         meta = ns.get("metadata") or {}
         inventory.namespaces[str(meta.get("name", ""))] = dict(meta.get("labels") or {})
@@ -166,19 +194,23 @@ async def from_cluster(options: AuditSettings) -> Inventory:
         group, version, resource, kind, namespaced = _resource(spec)
         prefix = f"/apis/{group}/{version}" if group else f"/api/{version}"
         scoped = f"/namespaces/{options.namespace}" if options.namespace and namespaced else ""
-        api_version, list_kind, items = await _list_all(client, f"{prefix}{scoped}/{resource}")
+        api_version, list_kind, items = await list_all(
+            client, f"{prefix}{scoped}/{resource}", chunk_size=options.chunk_size
+        )
         for item in items:
             inventory.objects.append({"apiVersion": api_version, "kind": kind or list_kind, **item})
             inventory.resources.append(resource)
     return inventory
 
 
-def from_files(options: AuditSettings, known_namespaces: Mapping[str, Mapping[str, str]]) -> Inventory:
+def from_files(options: AuditSettings) -> Inventory:
+    """Objects from files (Lists unwrapped); their Namespace objects label namespaces, as the
+    configuration's do."""
     import yaml
 
     from gateway.commands.explain import plural
 
-    inventory = Inventory(namespaces={k: dict(v) for k, v in known_namespaces.items()})
+    inventory = Inventory()
     for name in options.files:
         with open(name, encoding="utf-8") as f:
             docs = [d for d in yaml.safe_load_all(f) if isinstance(d, dict)]
@@ -191,10 +223,6 @@ def from_files(options: AuditSettings, known_namespaces: Mapping[str, Mapping[st
                 continue
             inventory.objects.append(doc)
             inventory.resources.append(plural(str(doc.get("kind", ""))))
-    for obj in inventory.objects:  # the apiserver labels every namespace with its name
-        ns = (obj.get("metadata") or {}).get("namespace")
-        if ns and ns not in inventory.namespaces:
-            inventory.namespaces[ns] = {"kubernetes.io/metadata.name": ns}
     return inventory
 
 
@@ -249,20 +277,50 @@ class Progress:
             print(file=sys.stderr)
 
 
+_RESULT_OF = {"allowed": "pass", "rejected": "fail", "failed_closed": "error", "failed_open": "error"}
+
+
+def _result(record: Any) -> str:
+    if record.outcome == "internal_error" and not record.backend_uid:
+        return "fail"  # refused before any call (the gateway's own denial)
+    return _RESULT_OF.get(record.outcome, "error")
+
+
+def results_of(verdict: Any) -> list[dict[str, str]]:
+    """One result per backend invocation (pass, fail, error); a review the gateway refused before
+    any backend answered (e.g. a namespace that does not exist) is a ``fail`` of the backend that
+    needed it."""
+    results = [
+        {"policy": r.name, "result": _result(r), "message": r.reason}
+        for r in (verdict.report.invocations if verdict.report else [])
+        if r.outcome != "cancelled"
+    ]
+    if not verdict.allowed and not any(r["result"] in ("fail", "error") for r in results):
+        denied_by = (verdict.report.denied_by if verdict.report else "") or SOURCE
+        results.append({"policy": denied_by, "result": "fail", "message": verdict.status.message})
+    return results
+
+
 async def audit(options: AuditSettings) -> dict[str, Any]:
     import msgspec
     import trio
 
     from gateway.commands import whatif
-    from gateway.commands.explain import ExplainSettings, review_for
-    from gateway.config.load import load_directory
+    from gateway.commands.explain import load_inputs, review_for
 
-    snapshot = load_directory(options.config)
+    inventory = await from_cluster(options) if options.kubeconfig else from_files(options)
+    inputs = load_inputs(
+        options.config,
+        allow_empty=options.allow_empty_config,
+        strict_https=options.strict_https,
+        registration=options.registration,
+        unknown_namespace=options.unknown_namespace,
+        fixed_namespaces=inventory.namespaces if inventory.listed_namespaces else None,
+        extra_namespaces=inventory.namespaces,
+    )
+    snapshot = inputs.snapshot
     eligible = tuple(h for h in snapshot.validating if h.side_effects in ALLOWS_DRY_RUN)
     audited_snapshot = msgspec.structs.replace(snapshot, validating=eligible, mutating=())
-    inventory = (
-        await from_cluster(options) if options.kubeconfig else from_files(options, snapshot.namespaces)
-    )
 
     done: dict[str, dict[str, Any]] = {}
     state_path = Path(options.state) if options.state else None
@@ -270,7 +328,8 @@ async def audit(options: AuditSettings) -> dict[str, Any]:
         for line in state_path.read_text().splitlines():
             if line.strip():
                 entry = json.loads(line)
-                done[entry["key"]] = entry
+                if "results" in entry:  # older state files are audited again
+                    done[entry["key"]] = entry
     resumed = sum(1 for obj in inventory.objects if object_key(obj) in done)
     todo = [
         (o, r)
@@ -285,44 +344,64 @@ async def audit(options: AuditSettings) -> dict[str, Any]:
     async def one(engine: Any, obj: dict[str, Any], resource: str) -> None:
         async with limiter:
             meta = obj.get("metadata") or {}
-            explain_options = ExplainSettings(
-                input="", operation=options.operation, resource=resource, dry_run=True,
+            doc = review_for(
+                obj,
+                operation=options.operation,
+                resource=resource,
+                dry_run=True,
                 namespace=str(meta.get("namespace", "")),
-            )  # fmt: skip
-            doc = review_for(obj, explain_options)
-            review = whatif.decode_review(json.dumps(doc).encode())
-            deadline = trio.current_time() + options.timeout
-            verdict = await whatif.run_review(
-                engine, review, audited_snapshot, kind="validating", deadline=deadline
             )
-            denials, errors = [], []
-            for record in verdict.report.invocations if verdict.report else []:
-                if record.outcome == "rejected":
-                    denials.append({"backend": record.name, "message": record.reason})
-                elif record.outcome in ("failed_closed", "internal_error", "failed_open"):
-                    errors.append({"backend": record.name, "message": record.reason})
-            if not verdict.allowed and not denials and not errors and verdict.status is not None:
-                errors.append(
-                    {
-                        "backend": verdict.report.denied_by if verdict.report else "",
-                        "message": verdict.status.message,
-                    }
+            review = whatif.decode_review(json.dumps(doc).encode())
+            namespace = review.attributes.namespace
+            found = inputs.namespaces.lookup(namespace) if namespace else {}
+            known = {} if isinstance(found, whatif.NamespaceNotFound) else dict(found)
+            routes, skipped = inputs.registered.routes_for(review, known)
+            routes = [r for r in routes if r.kind == "validating"]
+            results: list[dict[str, str]] = []
+            outcomes: list[str] = []
+            allowed = True
+            for route in routes:
+                budget = options.timeout if options.timeout is not None else route.timeout_seconds
+                verdict = await whatif.run_review(
+                    engine,
+                    review,
+                    audited_snapshot,
+                    route=route,
+                    budget=budget,
+                    margin=options.deadline_margin,
                 )
+                outcomes.append(whatif.outcome_of(verdict))
+                allowed = allowed and verdict.allowed
+                results += results_of(verdict)
+            if not routes:  # the apiserver never sends it: a skip for each backend whose rules match
+                why = "the apiserver never sends this review to the gateway: " + "; ".join(skipped)
+                for hook in eligible:
+                    if whatif.matching_rule(hook, review.attributes) is not None:
+                        results.append({"policy": hook.name, "result": "skip", "message": why})
+            outcome = "denied" if "denied" in outcomes else "error" if "error" in outcomes else "allowed"
             entry: dict[str, Any] = {
                 "key": object_key(obj),
                 "object": _object_ref(obj),
-                "denials": denials,
-                "errors": errors,
+                "sent": bool(routes),
+                "outcome": outcome if routes else "not sent",
+                "allowed": allowed,  # what the apiserver would do with the request
+                "results": results,
+                "timestamp": int(time.time()),
             }
             done[entry["key"]] = entry
             if state is not None:
                 state.write(json.dumps(entry) + "\n")
                 state.flush()
-            progress.step(bool(denials))
+            progress.step(outcome == "denied")
 
     try:
         async with (
-            whatif.dispatcher(inventory.namespaces, backend_kubeconfig=options.backend_kubeconfig) as engine,
+            whatif.dispatcher(
+                inputs.namespaces, call=True, backend_kubeconfig=options.backend_kubeconfig
+            ) as (
+                engine,
+                _,
+            ),
             trio.open_nursery() as nursery,
         ):
             for obj, resource in todo:
@@ -332,20 +411,25 @@ async def audit(options: AuditSettings) -> dict[str, Any]:
         if state is not None:
             state.close()
 
+    entries = [done[object_key(o)] for o in inventory.objects if object_key(o) in done]
     by_backend: dict[str, list[dict[str, Any]]] = {h.name: [] for h in eligible}
     errors: list[dict[str, Any]] = []
-    for obj in inventory.objects:
-        entry = done.get(object_key(obj))
-        if entry is None:
-            continue
-        for d in entry["denials"]:
-            by_backend.setdefault(d["backend"], []).append(
-                {"object": entry["object"], "message": d["message"]}
-            )
-        errors.extend({"object": entry["object"], **e} for e in entry["errors"])
+    summary = dict.fromkeys(("pass", "fail", "warn", "error", "skip"), 0)
+    for entry in entries:
+        for r in entry["results"]:
+            summary[r["result"]] += 1
+            if r["result"] == "fail":
+                by_backend.setdefault(r["policy"], []).append(
+                    {"object": entry["object"], "message": r["message"]}
+                )
+            elif r["result"] == "error":
+                errors.append({"object": entry["object"], "backend": r["policy"], "message": r["message"]})
+    outcomes = [e["outcome"] for e in entries]
     return {
         "audited": len(inventory.objects),
         "resumed": resumed,
+        "outcome": "denied" if "denied" in outcomes else "error" if "error" in outcomes else "allowed",
+        "summary": summary,
         "backends": {
             "audited": [h.name for h in eligible],
             "skipped (sideEffects refuse dry run)": [
@@ -354,6 +438,8 @@ async def audit(options: AuditSettings) -> dict[str, Any]:
         },
         "denials": {name: found for name, found in by_backend.items() if found},
         "errors": errors,
+        "notSent": [e["object"] for e in entries if not e["sent"]],
+        "objects": entries,
     }
 
 
@@ -372,44 +458,57 @@ def render_table(report: dict[str, Any]) -> str:
         lines.extend(f"  {_ref_text(d['object'])}: {d['message']}" for d in found)
     for e in report["errors"]:
         lines.append(f"error: {e['backend']}: {_ref_text(e['object'])}: {e['message']}")
-    denied = sum(len(v) for v in report["denials"].values())
+    if report["notSent"]:
+        lines.append(
+            "not sent (the registration never sends their reviews): "
+            + ", ".join(_ref_text(ref) for ref in report["notSent"])
+        )
+    s = report["summary"]
     skipped = report["backends"]["skipped (sideEffects refuse dry run)"]
     lines.append(
         f"audited {report['audited']} object(s) ({report['resumed']} from the state file) against "
-        f"{len(report['backends']['audited'])} validating backend(s): {denied} denial(s), "
-        f"{len(report['errors'])} error(s)"
+        f"{len(report['backends']['audited'])} validating backend(s): {s['pass']} pass, {s['fail']} fail, "
+        f"{s['error']} error, {s['skip']} skip"
         + (f"; not dry-run safe, skipped: {', '.join(skipped)}" if skipped else "")
     )
     return "\n".join(lines)
 
 
 def policy_reports(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """PolicyReport-shaped documents (wgpolicyk8s.io/v1alpha2): one per namespace, cluster-scoped
-    objects in a ClusterPolicyReport; each denial is a ``fail`` result of the backend as ``policy``."""
+    """PolicyReports (wgpolicyk8s.io/v1alpha2): one per namespace, a ClusterPolicyReport for
+    cluster-scoped objects; a result per object and backend (the backend is the ``policy``)."""
     by_namespace: dict[str, list[dict[str, Any]]] = {}
-    for backend, found in report["denials"].items():
-        for d in found:
-            ns = d["object"].get("namespace", "")
-            by_namespace.setdefault(ns, []).append(
-                {
-                    "source": "webhook-gateway",
-                    "policy": backend,
-                    "result": "fail",
-                    "message": d["message"],
-                    "resources": [d["object"]],
-                }
-            )
+    for entry in report["objects"]:
+        ns = entry["object"].get("namespace", "")
+        for r in entry["results"]:
+            result: dict[str, Any] = {
+                "source": SOURCE,
+                "policy": r["policy"],
+                "result": r["result"],
+                "scored": True,
+                "resources": [dict(entry["object"])],  # a copy each: YAML without anchors
+                "timestamp": {"seconds": int(entry.get("timestamp", 0)), "nanos": 0},
+            }
+            if r["message"]:
+                result["message"] = r["message"]
+            by_namespace.setdefault(ns, []).append(result)
     docs = []
     for ns, results in sorted(by_namespace.items()):
-        meta: dict[str, Any] = {"name": f"webhook-gateway-audit{'-' + ns if ns else ''}"}
+        meta: dict[str, Any] = {
+            "name": "webhook-gateway-audit",
+            "labels": {"app.kubernetes.io/managed-by": SOURCE},
+        }
         if ns:
             meta["namespace"] = ns
+        summary = dict.fromkeys(("pass", "fail", "warn", "error", "skip"), 0)
+        for r in results:
+            summary[r["result"]] += 1
         docs.append(
             {
                 "apiVersion": "wgpolicyk8s.io/v1alpha2",
                 "kind": "PolicyReport" if ns else "ClusterPolicyReport",
                 "metadata": meta,
-                "summary": {"pass": 0, "fail": len(results), "warn": 0, "error": 0, "skip": 0},
+                "summary": summary,
                 "results": results,
             }
         )
@@ -422,8 +521,10 @@ def run(options: AuditSettings) -> int:
 
     from gateway.errors import ConfigError, GatewayError
 
+    if not options.config:
+        return fail(NO_CONFIG, EXIT_USAGE)
     if not options.kubeconfig and not options.files:
-        return fail("audit needs --kubeconfig FILE or object FILEs", 2)
+        return fail("audit needs --kubeconfig FILE or object FILEs", EXIT_USAGE)
     try:
         for spec in options.resources:
             _resource(spec)
@@ -432,13 +533,15 @@ def run(options: AuditSettings) -> int:
         hint = f"; run again with --state {options.state} to resume" if options.state else ""
         return fail(f"interrupted{hint}", 130)
     except ConfigError as exc:
-        return fail(f"{options.config}: configuration refused: {exc}".splitlines()[0])
+        for problem in exc.problems:
+            print(f"{problem.severity}: {problem}", file=sys.stderr)
+        return fail(f"{options.config}: configuration refused", EXIT_USAGE)
     except (OSError, ValueError, GatewayError) as exc:
-        return fail(str(exc))
+        return fail(str(exc), EXIT_USAGE)
     if options.output == "json":
         print(json.dumps(report, indent=2))
     elif options.output == "policyreport":
         print(yaml.safe_dump_all(policy_reports(report), sort_keys=False), end="")
     else:
         print(render_table(report))
-    return 0
+    return exit_code(report["outcome"], options.fail_on)

@@ -1,8 +1,10 @@
 """``webhook-gateway check``: validate configuration without serving; exit 1 on errors.
 
-Takes directories (their ``*.yaml``/``*.yml``/``*.json`` files), single files and ``-`` (stdin). Every
-warning carries a code (shown in brackets) so a CI gate can accept a reviewed one with
-``--ignore-warning CODE`` and still fail on new ones with ``--warnings-as-errors``.
+Takes directories (their ``*.yaml``/``*.yml``/``*.json`` files), single files and ``-`` (stdin), and
+validates them with ``gateway.config.load.load_config``, the function ``serve`` runs at start-up and
+at every reload: what ``check`` accepts, ``serve`` accepts, with the same messages. Every warning
+carries a code (shown in brackets) so a CI gate can accept a reviewed one with ``--ignore-warning
+CODE`` and still fail on new ones with ``--warnings-as-errors``.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import argparse
 import sys
 from dataclasses import dataclass
 
-from gateway.commands.options import Parser, add_option
+from gateway.commands.options import NO_CONFIG, Parser, fail
 from gateway.config.migration import WARNING_CODES as MIGRATION_WARNING_CODES
 from gateway.config.trust import WARNING_CODES as CA_WARNING_CODES
 from gateway.errors import ConfigProblem
@@ -35,7 +37,7 @@ def warning_code(problem: ConfigProblem) -> str:
     """The code of a warning: its own, else from where it points."""
     if problem.code:
         return problem.code
-    if problem.message == "unknown field":
+    if problem.message.startswith("unknown field"):
         return "unknown-field"
     if problem.path.endswith("matchPolicy"):
         return "match-policy-equivalent"
@@ -50,6 +52,7 @@ def warning_code(problem: ConfigProblem) -> str:
 class CheckSettings:
     paths: tuple[str, ...]
     strict_https: bool = False
+    allow_empty_config: bool = False
     warnings_as_errors: bool = False
     ignore_warning: frozenset[str] = frozenset()
     registration: str | None = None
@@ -64,11 +67,15 @@ def build_parser(prog: str) -> Parser:
         epilog="warning codes:\n" + "\n".join(f"  {c:<24} {w}" for c, w in WARNING_CODES.items()),
     )
     p.add_argument("paths", nargs="*", metavar="PATH", help="directory, file, or - for stdin")
-    p.add_option("--config", help="configuration directory, when no PATH is given", default="config/webhooks")
+    p.add_option("--config", help="configuration directory or file, when no PATH is given")
     p.add_option("--strict-https", action="store_true", help="refuse http:// URLs even on loopback")
+    p.add_option(
+        "--allow-empty-config",
+        action="store_true",
+        help="accept a configuration with no webhooks, as serve --allow-empty-config does",
+    )
     p.add_option("--warnings-as-errors", action="store_true", help="exit 1 on warnings too")
-    add_option(
-        p,
+    p.add_option(
         "--ignore-warning",
         action="append",
         metavar="CODE",
@@ -85,8 +92,9 @@ def build_parser(prog: str) -> Parser:
 
 def settings(options: argparse.Namespace) -> CheckSettings:
     return CheckSettings(
-        paths=tuple(options.paths) or (options.config,),
+        paths=tuple(options.paths) or ((options.config,) if options.config else ()),
         strict_https=options.strict_https,
+        allow_empty_config=options.allow_empty_config,
         warnings_as_errors=options.warnings_as_errors,
         ignore_warning=frozenset(options.ignore_warning),
         registration=options.registration,
@@ -95,15 +103,24 @@ def settings(options: argparse.Namespace) -> CheckSettings:
 
 def run(options: CheckSettings) -> int:
     from gateway.config.backend_policy import DEFAULT_POLICY
-    from gateway.config.load import load_paths
+    from gateway.config.load import load_config
     from gateway.errors import ConfigError
 
+    if not options.paths:
+        return fail(NO_CONFIG, 2)
     where = ", ".join("<stdin>" if p == "-" else p for p in options.paths)
     stdin_text = sys.stdin.read() if "-" in options.paths else None
     try:
-        snapshot = load_paths(options.paths, stdin_text=stdin_text, strict_https=options.strict_https)
+        snapshot = load_config(
+            options.paths,
+            stdin_text=stdin_text,
+            strict_https=options.strict_https,
+            allow_empty=options.allow_empty_config,
+        )
     except ConfigError as exc:
         for problem in exc.problems:
+            if problem.severity == "warning" and warning_code(problem) in options.ignore_warning:
+                continue
             suffix = f" [{warning_code(problem)}]" if problem.severity == "warning" else ""
             print(f"{problem.severity}: {problem}{suffix}", file=sys.stderr)
         print(f"{where}: {len(exc.errors)} error(s); configuration refused", file=sys.stderr)
@@ -118,12 +135,21 @@ def run(options: CheckSettings) -> int:
         findings = registration_findings(snapshot, options.registration)
         for finding in findings:
             print(f"warning: {finding} [registration]", file=sys.stderr)
+        if findings:
+            config = " ".join(options.paths)
+            hint = f"webhook-gateway registration --config {config} > {options.registration}"
+            print(f"hint: regenerate it: {hint}", file=sys.stderr)
     ignored = len(snapshot.warnings) - len(shown)
-    print(
-        f"{where}: OK: {len(snapshot.validating)} validating and {len(snapshot.mutating)} mutating webhooks, "
+    counts = (
+        f"{len(snapshot.validating)} validating and {len(snapshot.mutating)} mutating webhooks, "
         f"{len(snapshot.namespaces)} namespaces, {len(shown) + len(findings)} warning(s)"
         + (f" ({ignored} ignored)" if ignored else "")
     )
+    refused = bool(shown or findings) and options.warnings_as_errors
+    if refused:
+        print(f"{where}: FAILED (--warnings-as-errors): {counts}", file=sys.stderr)
+    else:
+        print(f"{where}: OK: {counts}")
     for crd_name, entry in sorted(snapshot.conversions.items()):  # CRD conversion webhooks
         cc = entry.client_config
         target = cc.url or (f"service {cc.service.namespace}/{cc.service.name}" if cc.service else "")
@@ -136,4 +162,4 @@ def run(options: CheckSettings) -> int:
         if hook.backend_policy != DEFAULT_POLICY:
             policy = hook.backend_policy.describe()
             print(f"  {hook.kind} webhook {hook.name!r} ({hook.configuration}): {policy}")
-    return 1 if (shown or findings) and options.warnings_as_errors else 0
+    return 1 if refused else 0

@@ -1,7 +1,8 @@
 """``webhook-gateway registration``: print the gateway's own registration pair for a configuration.
 
 The computation lives in ``gateway.registration``; this module turns options into its settings,
-prints YAML (or JSON) an operator applies after the gateway's pods are ready, and backs
+prints YAML (or JSON) an operator applies after the gateway's pods are ready, prints a note on stderr
+wherever the registration changes what a backend sees or what a gateway outage does to it, and backs
 ``check --registration FILE``.
 """
 
@@ -18,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from gateway.commands.options import Parser, fail
+from gateway.commands.options import NO_CONFIG, Parser, fail
 from gateway.config.model import Snapshot
 from gateway.registration import (
     DEFAULT_EXCLUDED_RESOURCES,
@@ -27,10 +28,12 @@ from gateway.registration import (
     OWN_NAMESPACE_REASON,
     Registration,
     Settings,
+    base_path,
     compare,
     compute,
     excluded_namespaces,
     resource_exclusion,
+    webhook_path,
 )
 
 SUMMARY = "print the gateway's own narrowest Validating/MutatingWebhookConfiguration pair"
@@ -42,7 +45,7 @@ def build_parser(prog: str) -> Parser:
         description="Print the narrowest Validating/MutatingWebhookConfiguration pair that delivers every "
         "review some backend in --config could match, minus cluster infrastructure.",
     )
-    p.add_option("--config", help="configuration directory", default="config/webhooks")
+    p.add_option("--config", help="configuration directory or file (required)")
     p.add_option("--name", help="name of both registration objects", default="webhook-gateway")
     p.add_option(
         "--namespace", help="the gateway's own namespace (always excluded)", default="webhook-gateway"
@@ -54,14 +57,21 @@ def build_parser(prog: str) -> Parser:
         help="https://HOST:PORT of a gateway outside the cluster network (e.g. beside the apiserver on a "
         "control-plane host): registers clientConfig.url instead of the --service reference",
     )
-    p.add_option("--validate-path", help="path of the validating endpoint", default="/validate")
+    p.add_option(
+        "--validate-path",
+        help="path of the validating endpoint (the two halves are served on PATH/fail and PATH/ignore)",
+        default="/validate",
+    )
     p.add_option("--mutate-path", help="path of the mutating endpoint", default="/mutate")
     p.add_option("--ca-bundle", help="PEM file of the CA that signed the serving certificate (caBundle)")
     p.add_option(
         "--failure-policy",
-        choices=("Fail", "Ignore"),
-        default="Fail",
-        help="what the apiserver does when no gateway replica answers",
+        choices=("auto", "Fail", "Ignore"),
+        default="auto",
+        help="what the apiserver does when no gateway replica answers: auto keeps each backend's own "
+        "(validating backends split into a -fail and an -ignore registration; the mutating chain fails "
+        "closed when one of its backends does); Fail or Ignore forces one policy, with a note per "
+        "backend it changes",
     )
     p.add_option(
         "--deadline-margin",
@@ -161,6 +171,9 @@ def header(settings: Settings) -> str:
         "The webhook-gateway's own registrations, computed from its backend configuration by",
         "`webhook-gateway registration`. Apply them only once a gateway pod is ready:",
         "  kubectl -n NAMESPACE rollout status deploy/webhook-gateway && kubectl apply -f FILE",
+        "Validating backends with failurePolicy Fail and Ignore are served through two webhooks",
+        f"(...-fail on {settings.validate_path}/fail, ...-ignore on {settings.validate_path}/ignore), so "
+        "that a gateway outage fails open exactly where the backends would.",
         "Never registered, whatever the backends ask for (each would let a gateway outage stop the",
         "cluster from repairing itself):",
     ]
@@ -187,21 +200,26 @@ def render(registration: Registration, settings: Settings, output: str) -> str:
 
 
 def run(request: RegistrationRequest) -> int:
-    """Print the registration for ``--config``; exit 1 when the configuration or an option is bad."""
-    from gateway.config.load import load_directory
+    """Print the registration for ``--config``; exit 2 when the configuration or an option is bad.
+
+    A configuration without webhooks is accepted here (unlike serve without --allow-empty-config):
+    its registration is empty, so the apiserver sends the gateway nothing and nothing is allowed
+    that was not before.
+    """
+    from gateway.config.load import load_config
     from gateway.errors import ConfigError
 
     if request.settings is None:
-        return fail(request.error)
+        return fail(request.error, 2)
+    if not request.config:
+        return fail(NO_CONFIG, 2)
     try:
-        snapshot = load_directory(request.config)
+        snapshot = load_config(request.config, allow_empty=True)
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"{problem.severity}: {problem}", file=sys.stderr)
         print(f"{request.config}: configuration refused; no registration printed", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        return fail(f"{request.config}: {exc.strerror or exc}")
+        return 2
     registration = compute(snapshot, request.settings)
     for note in registration.notes:
         print(f"note: {note}", file=sys.stderr)
@@ -209,21 +227,40 @@ def run(request: RegistrationRequest) -> int:
     return 0
 
 
+def read_registration(path: str) -> list[dict[str, Any]]:
+    """The objects of a registration file (YAML documents, or a List as ``-o json`` prints)."""
+    docs: Sequence[Any] = [d for d in yaml.safe_load_all(Path(path).read_text()) if d]
+    if len(docs) == 1 and isinstance(docs[0], dict) and isinstance(docs[0].get("items"), list):
+        docs = docs[0]["items"]
+    return [d for d in docs if isinstance(d, dict)]
+
+
+def settings_of(docs: Sequence[dict[str, Any]], *, deadline_margin: float = 0.2) -> Settings:
+    """The settings a registration file was computed with, as far as they show in it: the gateway's
+    namespace (its service reference) and the endpoints' paths."""
+    namespace, paths = "webhook-gateway", {"ValidatingWebhookConfiguration": "/validate"}
+    paths["MutatingWebhookConfiguration"] = "/mutate"
+    seen: set[str] = set()
+    for doc in docs:
+        for hook in doc.get("webhooks") or []:
+            service = (hook.get("clientConfig") or {}).get("service") or {}
+            namespace = service.get("namespace", namespace)
+            if doc.get("kind") in paths and str(doc["kind"]) not in seen:
+                paths[str(doc["kind"])] = base_path(webhook_path(hook))  # the first webhook's
+                seen.add(str(doc["kind"]))
+    return Settings(
+        namespace=namespace,
+        validate_path=paths["ValidatingWebhookConfiguration"],
+        mutate_path=paths["MutatingWebhookConfiguration"],
+        deadline_margin=deadline_margin,
+    )
+
+
 def registration_findings(snapshot: Snapshot, path: str, *, deadline_margin: float = 0.2) -> list[str]:
     """``check --registration FILE``: where FILE is broader or stricter than the configuration needs."""
     try:
-        docs: Sequence[Any] = [d for d in yaml.safe_load_all(Path(path).read_text()) if d]
+        docs = read_registration(path)
     except (OSError, yaml.YAMLError) as exc:
         return [f"{path}: cannot read the registration: {getattr(exc, 'strerror', None) or exc}"]
-    if len(docs) == 1 and isinstance(docs[0], dict) and isinstance(docs[0].get("items"), list):
-        docs = docs[0]["items"]
-    namespace = "webhook-gateway"
-    for doc in docs:
-        for hook in (doc.get("webhooks") or []) if isinstance(doc, dict) else []:
-            service = (hook.get("clientConfig") or {}).get("service") or {}
-            namespace = service.get("namespace", namespace)
-    settings = Settings(
-        namespace=namespace,
-        deadline_margin=deadline_margin,
-    )
-    return [f"{path}: {finding}" for finding in compare(docs, compute(snapshot, settings))]
+    settings = settings_of(docs, deadline_margin=deadline_margin)
+    return [f"{path}: {finding}" for finding in compare(docs, snapshot, settings)]

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from gateway.commands.options import Parser, add_option, fail
+from gateway.commands.options import NO_CONFIG, Parser, add_option, fail
 from gateway.errors import leaves, startup_failure
 from gateway.settings import SERVE_DEFAULTS as D
 from gateway.settings import ServeSettings
@@ -24,7 +25,8 @@ def build_parser(prog: str, *, usage: str | None = None, epilog: str | None = No
     add_option(
         g,
         "--config",
-        help="directory of Validating/MutatingWebhookConfiguration and Namespace files",
+        help="directory or file of Validating/MutatingWebhookConfiguration, Namespace and "
+        "CustomResourceDefinition objects (required)",
         default=D.config,
     )
     add_option(g, "--bind", help="HOST:PORT to serve HTTP/1.1 and HTTP/2 on", default=D.bind)
@@ -291,6 +293,140 @@ def settings(options: argparse.Namespace) -> ServeSettings:
     return ServeSettings.from_options(options)
 
 
+# --- start-up checks: every failure names the file or flag and the fix, as the busy-port message does ---
+
+_CERT = "-----BEGIN CERTIFICATE-----"
+
+
+def _read(flag: str, path: str, what: str) -> tuple[bytes | None, str | None]:
+    try:
+        return Path(path).read_bytes(), None
+    except IsADirectoryError:
+        return None, f"{flag} {path}: is a directory; pass the {what}"
+    except OSError as exc:
+        reason = (exc.strerror or str(exc)).lower()
+        return None, f"{flag} {path}: {reason}; pass the {what}"
+
+
+def _has_key(pem: bytes) -> bool:
+    return b"PRIVATE KEY-----" in pem
+
+
+def _encrypted(pem: bytes) -> bool:
+    return b"BEGIN ENCRYPTED PRIVATE KEY" in pem or b"Proc-Type: 4,ENCRYPTED" in pem
+
+
+def _address_problem(flag: str, address: str | None) -> str | None:
+    if address is None:
+        return None
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        return f"{flag} {address}: expected HOST:PORT, e.g. 0.0.0.0:8443 or [::]:8443"
+    return None
+
+
+def startup_problem(options: ServeSettings) -> str | None:
+    """The one line saying why serve cannot start with these options (files, flags), or None."""
+    import os
+
+    for flag, address in (("--bind", options.bind), ("--metrics-bind", options.metrics_bind)):
+        if (problem := _address_problem(flag, address)) is not None:
+            return problem
+    files = [
+        (
+            "--backend-kubeconfig",
+            options.backend_kubeconfig,
+            "kubeconfig-format file of the backends' credentials",
+        ),
+        ("--kubeconfig", options.kubeconfig, "cluster's kubeconfig file"),
+        (
+            "--registration-ca-bundle",
+            options.registration_ca_bundle,
+            "PEM file of the registrations' CA bundle",
+        ),
+    ]
+    for flag, path, what in files:
+        if path:
+            _, problem = _read(flag, path, what)
+            if problem:
+                return problem
+    needs = [f for f, on in (("--namespace-source cluster", options.namespace_source == "cluster"),
+                             ("--manage-registration", options.manage_registration)) if on]  # fmt: skip
+    if needs and not options.kubeconfig and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return (
+            f"{needs[0]}: not running in a cluster (no KUBERNETES_SERVICE_HOST): pass --kubeconfig FILE "
+            "to reach a cluster from here"
+        )
+    return tls_problem(options)
+
+
+def tls_problem(options: ServeSettings) -> str | None:
+    """The one line that says why --certfile/--keyfile/--client-ca cannot serve, or None.
+
+    Checked before anything starts (and before worker processes are forked): the files are read and
+    loaded exactly as serving loads them (``gateway.wire.tls.server_context``).
+    """
+    import ssl
+
+    from gateway.wire.tls import server_context
+
+    if options.keyfile and not options.certfile:
+        return f"--keyfile {options.keyfile} given without --certfile: pass the serving certificate too"
+    if options.client_ca and not options.certfile:
+        return f"--client-ca {options.client_ca} needs TLS: pass --certfile and --keyfile too"
+    if not options.certfile:
+        return None
+    cert, problem = _read("--certfile", options.certfile, "serving certificate's PEM file (e.g. tls.crt)")
+    if problem or cert is None:
+        return problem
+    if _CERT.encode() not in cert:
+        return f"--certfile {options.certfile}: no PEM certificate in the file; pass the serving certificate"
+    keyfile = options.keyfile or options.certfile
+    if options.keyfile:
+        key, problem = _read("--keyfile", options.keyfile, "serving private key's PEM file (e.g. tls.key)")
+        if problem or key is None:
+            return problem
+        if not _has_key(key):
+            return f"--keyfile {options.keyfile}: no PEM private key in the file; pass the certificate's key"
+    elif not _has_key(cert):
+        return (
+            f"--certfile {options.certfile} holds no private key: pass the key file with --keyfile "
+            "(e.g. tls.key next to tls.crt)"
+        )
+    else:
+        key = cert
+    flag = "--keyfile" if options.keyfile else "--certfile"
+    if _encrypted(key):
+        return (
+            f"{flag} {keyfile}: the private key is encrypted; pass it unencrypted, as a TLS Secret holds it"
+        )
+    if options.client_ca:
+        ca, problem = _read(
+            "--client-ca",
+            options.client_ca,
+            "PEM file of the CA bundle the clients' certificates are checked with",
+        )
+        if problem or ca is None:
+            return problem
+        if _CERT.encode() not in ca:
+            return f"--client-ca {options.client_ca}: no PEM certificate in the file; pass the clients' CA"
+    try:
+        server_context(options.certfile, keyfile, client_ca=options.client_ca)
+    except ssl.SSLError as exc:
+        if "KEY_VALUES_MISMATCH" in str(exc) or exc.reason == "KEY_VALUES_MISMATCH":
+            return (
+                f"--keyfile {keyfile} does not match --certfile {options.certfile}: pass the private key of "
+                "this certificate (tls.key and tls.crt of the same Secret)"
+            )
+        which = f"--certfile {options.certfile}" + (
+            f" / --keyfile {options.keyfile}" if options.keyfile else ""
+        )
+        return f"{which}: cannot be used for TLS ({exc.reason or exc}); pass a PEM certificate and its key"
+    except OSError as exc:  # read again between the checks above and now
+        return f"--certfile {options.certfile}: {(exc.strerror or str(exc)).lower()}"
+    return None
+
+
 def run(options: ServeSettings) -> int:
     """Run the gateway until SIGTERM/SIGINT; exit 2 if the configuration is refused at start-up."""
     from functools import partial
@@ -303,6 +439,10 @@ def run(options: ServeSettings) -> int:
 
     if options.workers is not None and options.workers < 0:
         return fail(f"--workers: {options.workers} is not a number of processes (0: one per CPU)", 2)
+    if not options.config:
+        return fail(NO_CONFIG, 2)
+    if (problem := startup_problem(options)) is not None:
+        return fail(problem)
     if (workers := worker_count(options)) > 1:
         from gateway.server.hypercorn.version import check_versions
 

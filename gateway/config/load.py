@@ -54,6 +54,22 @@ _SUPPORTED: Final = (
 )
 
 
+UNKNOWN_FIELD: Final = "unknown field"
+
+
+def unknown_field_message(found: schema.UnknownField) -> str:
+    """``unknown field``, with the likely intended field, and why a guarding typo is refused."""
+    if not found.suggestion:
+        return UNKNOWN_FIELD
+    message = f"{UNKNOWN_FIELD}; did you mean {found.suggestion}?"
+    if found.guarding:
+        message += (
+            f" (refused: without {found.suggestion} the webhook would match more, or fail differently, "
+            "than written)"
+        )
+    return message
+
+
 def _safe_loader() -> type[yaml.SafeLoader]:
     return getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -71,6 +87,7 @@ class _Loader:
 
     lax: bool
     strict_https: bool
+    registration: bool = False  # the gateway's own registration, not backends: its marks are expected
     problems: list[ConfigProblem] = field(default_factory=list)
     accepted: list[build.Accepted] = field(default_factory=list)
     namespaces: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -118,6 +135,19 @@ class _Loader:
             count += level == "error"
             self.problem(doc, e.body, kind=kind, name=name, path=e.path, severity=level, code=e.code)
         return count
+
+    def unknown_fields(
+        self, doc: _Document, kind: str, name: str, unknown: Iterable[schema.UnknownField]
+    ) -> int:
+        """Report unknown fields: a warning each (configurations exported from a newer apiserver still
+        load), an error when it misspells a selector, rule or policy field; returns the errors."""
+        errors = 0
+        for found in unknown:
+            message = unknown_field_message(found)
+            severity: Literal["error", "warning"] = "error" if found.guarding else "warning"
+            errors += found.guarding
+            self.problem(doc, message, kind=kind, name=name, path=found.path, severity=severity)
+        return errors
 
     def place(self, doc: _Document) -> str:
         return f"{doc.source} ({doc.location})" if doc.location else doc.source
@@ -194,12 +224,11 @@ class _Loader:
         config = decoded.value
         name = (config.metadata.name if config.metadata else None) or ""
         self.field_problems(doc, kind_name, name, decoded.errors)
-        for path in decoded.unknown_fields:
-            self.problem(doc, "unknown field", kind=kind_name, name=name, path=path, severity="warning")
+        failed_fields = self.unknown_fields(doc, kind_name, name, decoded.unknown)
         config = defaults.default_configuration(config)
         findings = validate_configuration(config, strict_https=self.strict_https)
         errors = [e for e in findings.errors if not schema.suppressed(e.path, decoded.bad_paths)]
-        failed = self.field_problems(doc, kind_name, name, errors) + len(decoded.errors)
+        failed = self.field_problems(doc, kind_name, name, errors) + len(decoded.errors) + failed_fields
         self.field_problems(doc, kind_name, name, findings.warnings, severity="warning")
         bundles = []
         for i, hook in enumerate(config.webhooks or ()):
@@ -213,7 +242,8 @@ class _Loader:
         policy = parse_backend_policy(meta.annotations, [h.name or "" for h in config.webhooks or ()])
         failed += self.field_problems(doc, kind_name, name, policy.errors)
         self.field_problems(doc, kind_name, name, policy.warnings, severity="warning")
-        failed += self.field_problems(doc, kind_name, name, own_registration_errors(config))
+        if not self.registration:
+            failed += self.field_problems(doc, kind_name, name, own_registration_errors(config))
         self.field_problems(doc, kind_name, name, parked_warnings(config), severity="warning")
         for i, hook in enumerate(config.webhooks or ()):
             cc = hook.client_config
@@ -242,11 +272,10 @@ class _Loader:
         meta = decoded.value.metadata or types.ObjectMeta()
         name = meta.name or ""
         self.field_problems(doc, "Namespace", name, decoded.errors)
-        for path in decoded.unknown_fields:
-            self.problem(doc, "unknown field", kind="Namespace", name=name, path=path, severity="warning")
+        failed_fields = self.unknown_fields(doc, "Namespace", name, decoded.unknown)
         findings = validate_namespace(decoded.value)
         errors = [e for e in findings.errors if not schema.suppressed(e.path, decoded.bad_paths)]
-        failed = self.field_problems(doc, "Namespace", name, errors) + len(decoded.errors)
+        failed = self.field_problems(doc, "Namespace", name, errors) + len(decoded.errors) + failed_fields
         self.field_problems(doc, "Namespace", name, findings.warnings, severity="warning")
         if self.register(doc, "Namespace", name) and not failed:
             self.namespaces[name] = dict(meta.labels or {})
@@ -358,11 +387,12 @@ def load_files(
 
 
 def load_paths(
-    paths: Iterable[str], *, stdin_text: str | None = None, strict_https: bool = False
+    paths: Iterable[str], *, stdin_text: str | None = None, strict_https: bool = False, generation: int = 0
 ) -> model.Snapshot:
     """``check``'s inputs, in the order given: directories (their configuration files, as
     ``load_directory`` reads them), single files of any name, and ``-`` (``stdin_text``, YAML or JSON)."""
     loader = _Loader(lax=False, strict_https=strict_https)
+    paths = list(paths)
     for given in paths:
         if given == "-":
             text = stdin_text or ""
@@ -386,7 +416,7 @@ def load_paths(
             loader.problems.append(problem)
         for doc in docs:
             loader.add(doc)
-    return loader.snapshot(origin=", ".join(paths) or "<nothing>", generation=0)
+    return loader.snapshot(origin=", ".join(paths) or "<nothing>", generation=generation)
 
 
 def load_directory(
@@ -420,13 +450,59 @@ def load_documents(
     lax: bool = False,
     strict_https: bool = False,
     generation: int = 0,
+    registration: bool = False,
 ) -> model.Snapshot:
     """Load already-parsed objects, each ``(source label, object)``.
 
     ``lax=True`` is for objects read from a live cluster (CFG-24): the apiserver's update ratchets
-    are reported as warnings instead of errors.
+    are reported as warnings instead of errors. ``registration=True`` loads the gateway's own
+    registration (to match reviews against it as the apiserver does), which as backends is refused.
     """
-    loader = _Loader(lax=lax, strict_https=strict_https)
+    loader = _Loader(lax=lax, strict_https=strict_https, registration=registration)
     for label, body in docs:
         loader.add(_Document(label, "", body))
     return loader.snapshot(origin="<documents>", generation=generation)
+
+
+# --- the gateway's configuration, as every command reads it --------------------------------------
+
+
+def empty_config_problem(source: str) -> ConfigProblem:
+    """A configuration without webhooks would allow every review: refused unless asked for (B8)."""
+    return ConfigProblem(
+        source,
+        "no webhook configurations: refusing a configuration that would allow every review "
+        "(pass --allow-empty-config if that is intended)",
+    )
+
+
+def is_empty(snapshot: model.Snapshot) -> bool:
+    return not (snapshot.validating or snapshot.mutating or snapshot.conversions)
+
+
+def load_config(
+    paths: str | Iterable[str],
+    *,
+    strict_https: bool = False,
+    allow_empty: bool = False,
+    stdin_text: str | None = None,
+    generation: int = 0,
+) -> model.Snapshot:
+    """The gateway's configuration, validated once for every command: ``serve`` at start-up and at
+    every reload, ``check``, ``explain`` and ``audit`` call this, so they accept and refuse the same
+    inputs with the same messages.
+
+    ``paths``: a directory (its ``*.yaml``/``*.yml``/``*.json`` files, as ``load_directory`` reads
+    them), a single file of any name, or several of them (``-`` is ``stdin_text``). A configuration
+    without any webhook or conversion is refused unless ``allow_empty``: it would allow every review.
+    Raises ``ConfigError`` naming file, object and field of every problem.
+    """
+    given = [paths] if isinstance(paths, str) else list(paths)
+    missing = [p for p in given if p != "-" and not os.path.exists(p)]
+    if missing:
+        what = "no such file or directory (expected a directory or file of webhook configurations)"
+        raise ConfigError([ConfigProblem(p, what) for p in missing])
+    snapshot = load_paths(given, stdin_text=stdin_text, strict_https=strict_https, generation=generation)
+    if not allow_empty and is_empty(snapshot):
+        raise ConfigError([*snapshot.warnings, empty_config_problem(", ".join(given))])
+    return snapshot

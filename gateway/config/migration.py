@@ -28,7 +28,13 @@ from gateway.config.fielderrors import FieldError, child, forbidden, index, key
 
 VALIDATING_WEBHOOK_NAME: Final = "validate.webhook-gateway.io"
 MUTATING_WEBHOOK_NAME: Final = "mutate.webhook-gateway.io"
-WEBHOOK_NAMES: Final = (VALIDATING_WEBHOOK_NAME, MUTATING_WEBHOOK_NAME)
+# The -fail/-ignore halves of the validating registration (gateway.registration) count too.
+WEBHOOK_NAMES: Final = (
+    VALIDATING_WEBHOOK_NAME,
+    f"{VALIDATING_WEBHOOK_NAME}-fail",
+    f"{VALIDATING_WEBHOOK_NAME}-ignore",
+    MUTATING_WEBHOOK_NAME,
+)
 NAME_LABEL: Final = "app.kubernetes.io/name"
 NAME_LABEL_VALUE: Final = "webhook-gateway"
 PARKED_CONDITION: Final = "webhook-gateway.io/parked"

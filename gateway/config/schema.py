@@ -14,8 +14,9 @@ on the same field.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Final, Generic, TypeVar
 
 import msgspec
 import msgspec.inspect as mi
@@ -34,14 +35,32 @@ S = TypeVar("S", bound=msgspec.Struct)
 _ABSENT = object()
 
 
+@dataclass(frozen=True, slots=True)
+class UnknownField:
+    """A field the schema does not have, and the known field it is most likely a misspelling of.
+
+    ``guarding`` is true when that known field narrows what a webhook matches or how it fails (a
+    selector, rule, match condition or policy field) and is absent from the same object: then the
+    typo silently widens or weakens the webhook, and loading refuses it instead of warning.
+    """
+
+    path: str
+    suggestion: str = ""
+    guarding: bool = False
+
+
 @dataclass(slots=True)
 class Decoded(Generic[S]):
-    """One decoded document: the Struct, its type errors, its unknown field paths."""
+    """One decoded document: the Struct, its type errors, its unknown fields."""
 
     value: S
     errors: list[FieldError] = field(default_factory=list)
-    unknown_fields: list[str] = field(default_factory=list)
+    unknown: list[UnknownField] = field(default_factory=list)
     bad_paths: frozenset[str] = frozenset()
+
+    @property
+    def unknown_fields(self) -> list[str]:
+        return [u.path for u in self.unknown]
 
 
 def json_type(value: object) -> str:
@@ -70,10 +89,58 @@ def _struct_info(cls: type[msgspec.Struct]) -> mi.StructType:
     return info
 
 
+# Fields that narrow what a webhook matches or how it fails: misspelt, each silently widens or weakens
+# the webhook (a missing namespaceSelector matches every namespace, a missing failurePolicy defaults).
+# Every field of these structs, and these fields of a webhook.
+_GUARDING_STRUCTS: Final = frozenset(
+    {"RuleWithOperations", "LabelSelector", "LabelSelectorRequirement", "MatchCondition"}
+)
+_GUARDING_WEBHOOK_FIELDS: Final = frozenset(
+    {
+        "rules",
+        "namespaceSelector",
+        "objectSelector",
+        "matchConditions",
+        "failurePolicy",
+        "matchPolicy",
+        "sideEffects",
+        "reinvocationPolicy",
+    }
+)
+
+
+def edit_distance(a: str, b: str) -> int:
+    """Optimal string alignment distance: insertions, deletions, substitutions and swaps of two
+    neighbours each count one."""
+    prev2: list[int] = []
+    prev = list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        cur = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            cost = a[i - 1] != b[j - 1]
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + cost)
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                cur[j] = min(cur[j], prev2[j - 2] + 1)
+        prev2, prev = prev, cur
+    return prev[len(b)]
+
+
+def closest(name: str, known: Iterable[str]) -> tuple[str, int] | None:
+    """The known name ``name`` most likely misspells, and the edit distance (case is ignored, so a
+    wrongly cased name is at distance 0); None when nothing is close."""
+    best: tuple[str, int] | None = None
+    for candidate in known:
+        distance = edit_distance(name.lower(), candidate.lower())
+        limit = 1 if len(candidate) <= 4 else 2 if len(candidate) <= 10 else 3
+        if distance <= limit and (best is None or distance < best[1]):
+            best = (candidate, distance)
+    return best
+
+
 class _Walker:
     def __init__(self) -> None:
         self.errors: list[FieldError] = []
-        self.unknown: list[str] = []
+        self.unknown: list[UnknownField] = []
         self.bad: set[str] = set()
 
     def wrong_type(self, path: str, value: object, expected: str) -> None:
@@ -144,12 +211,24 @@ class _Walker:
                 continue
             f = fields.get(k)
             if f is None:
-                self.unknown.append(child(path, k))
+                self.unknown.append(_unknown(child(path, k), k, typ, value))
                 continue
             cleaned = self.walk(v, f.type, child(path, k))
             if cleaned is not _ABSENT:
                 out[k] = cleaned
         return out
+
+
+def _unknown(path: str, name: str, typ: mi.StructType, given: dict[object, object]) -> UnknownField:
+    found = closest(name, (f.encode_name for f in typ.fields))
+    if found is None:
+        return UnknownField(path)
+    suggestion, distance = found
+    struct = typ.cls.__name__
+    guarding = struct in _GUARDING_STRUCTS or (
+        struct in ("ValidatingWebhook", "MutatingWebhook") and suggestion in _GUARDING_WEBHOOK_FIELDS
+    )
+    return UnknownField(path, suggestion, guarding and distance <= 1 and suggestion not in given)
 
 
 def _expected(typ: mi.Type) -> str:

@@ -25,6 +25,7 @@ from gateway.config.model import Snapshot
 from gateway.dispatch import status as statuses
 from gateway.dispatch.engine import Dispatcher, Verdict
 from gateway.errors import BadReview
+from gateway.registration import HALVES, Half, half_of, half_path
 from gateway.review import InboundReview, decode_inbound, encode_reply, encode_status
 from gateway.server.extensions import disconnect_signal
 from gateway.server.overload import OverloadGate
@@ -94,21 +95,41 @@ class Readiness:
     """Ready means: a configuration is loaded and the namespace source (if needed) has synced.
 
     ``draining`` flips /readyz to 503 at once on shutdown while reviews keep being served.
+    Whoever changes what a check reads (a source's first sync, a configuration reload) calls
+    ``changed``: reviews waiting for readiness (MAT-33) look again then, and only then.
     """
 
     def __init__(self) -> None:
         self.draining = False
         self._checks: list[Callable[[], bool]] = []
+        self._changed = trio.Event()
         # With --workers N: are the other worker processes ready too? Only /readyz asks (reviews
         # need this process to be ready, nothing more).
         self.peers: Callable[[], bool] | None = None
 
     def add_check(self, check: Callable[[], bool]) -> None:
         self._checks.append(check)
+        self.changed()
 
     @property
     def ready(self) -> bool:
         return all(check() for check in self._checks)
+
+    def changed(self) -> None:
+        """Something a check reads may have changed: wake everyone waiting in ``wait``."""
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait(self, until: float, *, also: Callable[[], bool] = lambda: True) -> bool:
+        """Wait until ready (and ``also()``), at most until trio time ``until``; whether it is.
+
+        Woken by ``changed``, not by polling: a review starts the moment the gateway is ready.
+        """
+        with trio.move_on_at(until):
+            while not (self.ready and also()):
+                await self._changed.wait()
+            return True
+        return False
 
 
 class GatewayApp:
@@ -133,6 +154,9 @@ class GatewayApp:
         self.settings = settings or ServerSettings()
         self.overload = overload  # sheds reviews the gateway cannot start in time (None: never)
         self._endpoints = {self.settings.validate_path: "validating", self.settings.mutate_path: "mutating"}
+        # The validating backends of one failurePolicy only, for the -fail/-ignore registrations.
+        self._halves = {half_path(self.settings.validate_path, half): half for half, _ in HALVES}
+        self._endpoints.update(dict.fromkeys(self._halves, "validating"))
         self.in_flight = 0  # reviews being handled right now (graceful shutdown waits for zero)
         self._idle = trio.Event()
         self._idle.set()
@@ -165,7 +189,7 @@ class GatewayApp:
                     extra=[(b"allow", b"POST")],
                 )
                 return
-            await self._review(endpoint, scope, receive, send)
+            await self._review(endpoint, scope, receive, send, half=self._halves.get(path))
             return
         if method not in ("GET", "HEAD"):
             await _respond(send, 405 if path in ("/healthz", "/readyz", "/metrics") else 404, b"", _TEXT)
@@ -193,7 +217,9 @@ class GatewayApp:
         body, content_type = rendered
         await _respond(send, 200, body, [(b"content-type", content_type.encode())])
 
-    async def _review(self, endpoint: str, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _review(
+        self, endpoint: str, scope: Scope, receive: Receive, send: Send, *, half: Half | None = None
+    ) -> None:
         arrived = trio.current_time()
         traceparent = _header(scope, b"traceparent")
         start_review_trace(traceparent)  # backend calls carry child contexts of the caller's trace
@@ -220,7 +246,9 @@ class GatewayApp:
                 return
             deadline = arrived + self._budget(scope) - self.settings.deadline_margin_seconds
             with self.overload.review() if self.overload is not None else nullcontext() as shed:
-                verdict = await self._decide(endpoint, inbound, deadline, scope, receive, shed=shed)
+                verdict = await self._decide(
+                    endpoint, inbound, deadline, scope, receive, shed=shed, half=half
+                )
             if verdict is None:  # the caller went away; nobody is listening
                 code, error = 499, "caller disconnected"
                 return
@@ -341,6 +369,7 @@ class GatewayApp:
         receive: Receive,
         *,
         shed: str | None,
+        half: Half | None = None,
     ) -> Verdict | None:
         """Run dispatch while watching for the caller going away (then cancel everything).
 
@@ -355,7 +384,7 @@ class GatewayApp:
             with trio.CancelScope() as cancel:
                 signal.on_disconnect = cancel.cancel
                 try:
-                    return await self._decide_now(endpoint, inbound, deadline, shed)
+                    return await self._decide_now(endpoint, inbound, deadline, shed, half)
                 finally:
                     signal.on_disconnect = None
             return None
@@ -369,35 +398,41 @@ class GatewayApp:
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch_disconnect, nursery.cancel_scope)
-            result.append(await self._decide_now(endpoint, inbound, deadline, shed))
+            result.append(await self._decide_now(endpoint, inbound, deadline, shed, half))
             nursery.cancel_scope.cancel()
         return result[0] if result else None
 
     async def _decide_now(
-        self, endpoint: str, inbound: InboundReview, deadline: float, shed: str | None
+        self,
+        endpoint: str,
+        inbound: InboundReview,
+        deadline: float,
+        shed: str | None,
+        half: Half | None = None,
     ) -> Verdict:
         return await self.dispatcher.decide(
             endpoint,  # type: ignore[arg-type]
             inbound,
-            self._ready_snapshot,
+            self._ready_snapshot if half is None else lambda d: self._ready_half(d, half),
             deadline=deadline,
             shed=shed,
         )
+
+    async def _ready_half(self, deadline: float, half: Half) -> Snapshot | None:
+        """The ready snapshot narrowed to the validating backends of one failurePolicy."""
+        snapshot = await self._ready_snapshot(deadline)
+        return None if snapshot is None else half_of(snapshot, half)
 
     async def _ready_snapshot(self, deadline: float) -> Snapshot | None:
         """The snapshot to decide with once the gateway is ready (MAT-33), or None if not by then."""
         return self.snapshot() if await self._wait_ready(deadline) else None
 
     async def _wait_ready(self, deadline: float) -> bool:
-        """MAT-33: wait (polling every 100 ms) up to min(10 s, budget) for readiness."""
+        """MAT-33: wait up to min(10 s, budget) for readiness (``Readiness.changed`` wakes it)."""
         if self.readiness.ready and self.snapshot() is not None:
             return True
         give_up = min(trio.current_time() + self.settings.readiness_wait_seconds, deadline)
-        while trio.current_time() < give_up:
-            await trio.sleep(min(0.1, max(0.0, give_up - trio.current_time())))
-            if self.readiness.ready and self.snapshot() is not None:
-                return True
-        return False
+        return await self.readiness.wait(give_up, also=lambda: self.snapshot() is not None)
 
 
 class _DisconnectedError(Exception):

@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 import structlog
 import trio
 
-from gateway.config.load import load_directory
+from gateway.config.load import load_config
 from gateway.config.model import Snapshot
 from gateway.dispatch.engine import Dispatcher, DispatchSettings
 from gateway.dispatch.ports import NamespaceNotFoundError
-from gateway.errors import ConfigError, ConfigProblem, ListenError
+from gateway.errors import ConfigError, ListenError
 from gateway.server.app import GatewayApp, Readiness, ServerSettings, request_path
 from gateway.server.hypercorn.config import GatewayConfig, server_config
 from gateway.server.hypercorn.listener import serve_inbound
@@ -103,13 +103,10 @@ async def serve(
     strict = bool(options.strict_https)
     nofile = raise_nofile_limit()  # as Go programs do: the hard limit is what the operator allows
 
-    def load(generation: int) -> Snapshot:
-        snapshot = load_directory(options.config, strict_https=strict, generation=generation)
-        if not options.allow_empty_config and not (
-            snapshot.validating or snapshot.mutating or snapshot.conversions
-        ):
-            raise ConfigError([empty_config_problem(options.config)])
-        return snapshot
+    def load(generation: int) -> Snapshot:  # start-up and every reload: what `check` runs too
+        return load_config(
+            options.config, strict_https=strict, allow_empty=options.allow_empty_config, generation=generation
+        )
 
     baseline = fingerprint(Path(options.config))  # taken first, so no change before the watch is missed
     if observer is None:
@@ -161,6 +158,7 @@ async def serve(
         # MAT-33: ready once a configuration is loaded and, if any backend needs namespace labels,
         # the namespace source has synced.
         readiness.add_check(lambda: source.ready or not _needs_namespaces(store.snapshot))
+        nursery.start_soon(_when_synced, source, readiness)
         # Per-backend circuit breakers and bulkheads (webhook-gateway.io/backend-policy), kept across reloads.
         guards = BackendGuards(trio.current_time, on_transition=observer.circuit_changed)
         guards.reconcile((*first.validating, *first.mutating))
@@ -204,6 +202,7 @@ async def serve(
             if endpoint_slices is not None:
                 endpoint_slices.watch_snapshot(store.snapshot)
             guards.reconcile((*store.snapshot.validating, *store.snapshot.mutating))
+            readiness.changed()  # a configuration that needs no namespace labels may make it ready
 
         await nursery.start(
             partial(
@@ -292,15 +291,6 @@ async def serve(
             servers.cancel_scope.deadline = hard_deadline
         nursery.cancel_scope.cancel()  # watchers, namespace source, pool readers
     log.info("stopped")
-
-
-def empty_config_problem(directory: str) -> ConfigProblem:
-    """A configuration without webhooks would allow every review: refused unless asked for (B8)."""
-    return ConfigProblem(
-        directory,
-        "no webhook configurations: refusing a configuration that would allow every review "
-        "(start with --allow-empty-config if that is intended)",
-    )
 
 
 _LISTEN_ERRORS = (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL)
@@ -396,6 +386,12 @@ async def _wait_for_signal(event: trio.Event) -> None:
         async for _ in signals:
             event.set()
             return
+
+
+async def _when_synced(source: Any, readiness: Readiness) -> None:
+    """Reviews waiting for readiness (MAT-33) look again once the namespace source has synced."""
+    await source.wait_synced()
+    readiness.changed()
 
 
 def _needs_namespaces(snapshot: Snapshot) -> bool:

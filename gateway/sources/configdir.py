@@ -76,13 +76,16 @@ def fingerprint(directory: Path) -> Fingerprint:
     Hidden entries are not walked (the loader skips them, and a ConfigMap mount's timestamped
     directories are reached through the visible symlinks), but the ``..data`` link target is
     recorded, so the kubelet's atomic swap is seen even when sizes and times happen to agree.
-    Empty when ``directory`` is missing or not a directory.
+    A single file (``--config FILE``) is its own fingerprint. Empty when ``directory`` is missing
+    or neither a directory nor a file.
     """
     states: list[FileState] = []
     try:
         st = directory.stat()
     except OSError:
         return ()
+    if stat.S_ISREG(st.st_mode):
+        return (_state(".", st),)
     if not stat.S_ISDIR(st.st_mode):
         return ()
     states.append(_state(".", st))
@@ -168,7 +171,7 @@ async def _reload(
     if not current:
         # The directory itself is gone (volume unmounted, path replaced by a file): loading
         # "nothing" would be a valid, empty configuration, and would drop every backend.
-        report("failure", [ConfigProblem(file=str(path), message="not a readable directory")])
+        report("failure", [ConfigProblem(file=str(path), message="not a readable directory or file")])
         return
     generation = store.snapshot.generation + 1
     try:

@@ -13,12 +13,17 @@ without ``close_notify`` reads as a plain EOF, and closing sends no ``close_noti
 nothing, so that a peer that stops reading cannot hold a close. Failures raise
 ``trio.BrokenResourceError`` with the ``ssl.SSLError``/``OSError`` as ``__cause__`` (what
 ``gateway.wire.errors`` reads), use after ``aclose`` raises ``trio.ClosedResourceError``, and two tasks
-receiving (or sending) at once raise ``trio.BusyResourceError``. One task may receive while another
-sends: HTTP/2 connections have a reader and a writer task.
+receiving (or sending, or waiting to send) at once raise ``trio.BusyResourceError``. One task may
+receive while another sends: HTTP/2 connections have a reader and a writer task. It passes trio's
+own stream conformance checks (``trio.testing.check_two_way_stream``, in
+tests/test_wire_tls_stream.py) when built with ``schedule_every=1``; by default it batches the
+schedule points of operations that did not have to wait (``_schedule_point``), which those checks
+do not allow. TLS without ``close_notify`` has no half-close, so ``send_eof`` is not offered.
 """
 
 from __future__ import annotations
 
+import operator
 import socket as stdlib_socket
 import ssl
 from typing import Final
@@ -46,9 +51,13 @@ class TLSSocketStream(trio.abc.Stream):
         "_eof",
         "_handshook",
         "_read_wants_write",
+        "_readable_waiters",
         "_receiving",
+        "_schedule_every",
         "_sending",
         "_unyielded",
+        "_waiting",
+        "_writable_waiters",
         "socket",
     )
 
@@ -59,7 +68,14 @@ class TLSSocketStream(trio.abc.Stream):
         *,
         server_side: bool = False,
         server_hostname: str | None = None,
+        schedule_every: int = _SCHEDULE_EVERY,
     ) -> None:
+        """``schedule_every``: an operation that did not have to wait yields to the scheduler every
+        this many times (``_schedule_point``); 1 yields every time, as trio's own streams do (what
+        ``trio.testing``'s conformance checks expect)."""
+        if schedule_every < 1:
+            raise ValueError("schedule_every must be >= 1")
+        self._schedule_every = schedule_every
         # The TCP options trio set (TCP_NODELAY) stay with the descriptor.
         raw = stdlib_socket.socket(fileno=tcp.socket.detach())
         raw.setblocking(False)
@@ -82,6 +98,11 @@ class TLSSocketStream(trio.abc.Stream):
         self._unyielded = 0
         self._drained = False  # the last read got less than a full record
         self._read_wants_write = False  # TLS needs to write before it can read (rare)
+        # Which directions a task of this stream waits on the socket for (bit 1: readable, bit 2:
+        # writable), and the other tasks that wait for the same direction meanwhile (see _wait).
+        self._waiting = 0
+        self._readable_waiters: trio.lowlevel.ParkingLot | None = None
+        self._writable_waiters: trio.lowlevel.ParkingLot | None = None
 
     # --- what callers read after the handshake ----------------------------------------------------
 
@@ -119,6 +140,10 @@ class TLSSocketStream(trio.abc.Stream):
     # --- trio.abc.Stream --------------------------------------------------------------------------
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        # The argument is checked first, as trio's streams do: a bad one must not wait for data.
+        limit = _DEFAULT_RECEIVE if max_bytes is None else operator.index(max_bytes)
+        if limit < 1:
+            raise ValueError("max_bytes must be >= 1")
         if self._receiving:
             raise trio.BusyResourceError("another task is already receiving on this TLS stream")
         self._receiving = True
@@ -131,9 +156,6 @@ class TLSSocketStream(trio.abc.Stream):
             if self._eof:
                 await trio.lowlevel.cancel_shielded_checkpoint()
                 return b""
-            limit = _DEFAULT_RECEIVE if max_bytes is None else max_bytes
-            if limit < 1:
-                raise ValueError("max_bytes must be >= 1")
             data, waited = await self._read(limit)
             # A full record: the next one may already be here; take it without a wait.
             if len(data) >= _RECORD and len(data) < limit:
@@ -229,7 +251,7 @@ class TLSSocketStream(trio.abc.Stream):
             self._drained = False
             return None
         self._unyielded += 1
-        if self._unyielded > _SCHEDULE_EVERY:
+        if self._unyielded > self._schedule_every:
             return None
         return self._recv(max_bytes)
 
@@ -250,13 +272,7 @@ class TLSSocketStream(trio.abc.Stream):
                 return
             readable = not self._read_wants_write
             self._read_wants_write = False
-            try:
-                if readable:
-                    await trio.lowlevel.wait_readable(self.socket)
-                else:
-                    await trio.lowlevel.wait_writable(self.socket)
-            except trio.BusyResourceError:  # the writer waits on the same direction (see _wait)
-                await trio.sleep(0.001)
+            await self._wait(readable=readable)
         finally:
             self._receiving = False
 
@@ -318,9 +334,16 @@ class TLSSocketStream(trio.abc.Stream):
             raise trio.BrokenResourceError(f"TLS write failed: {exc}") from exc
 
     async def wait_send_all_might_not_block(self) -> None:
-        if self._closed:
-            raise trio.ClosedResourceError
-        await self._wait(readable=False)
+        # A send-side operation like send_all: the two at once in two tasks are refused as busy.
+        if self._sending:
+            raise trio.BusyResourceError("another task is already sending on this TLS stream")
+        self._sending = True
+        try:
+            if self._closed:
+                raise trio.ClosedResourceError
+            await self._wait(readable=False)
+        finally:
+            self._sending = False
 
     async def aclose(self) -> None:
         """Close at once: no ``close_notify`` is sent or awaited (safe under cancellation)."""
@@ -336,11 +359,11 @@ class TLSSocketStream(trio.abc.Stream):
         trio's own streams yield to the scheduler on every call; an operation that had to wait for
         the socket has yielded already. One that did not need not yield each time for fairness:
         a task finding data ready again and again still lets every other task run at least every
-        ``_SCHEDULE_EVERY`` operations. Each yield skipped is one pass through trio's run loop
-        (an ``epoll_wait`` and a task switch) saved on the path of every review.
+        ``schedule_every`` operations (4 by default). Each yield skipped is one pass through trio's
+        run loop (an ``epoll_wait`` and a task switch) saved on the path of every review.
         """
         self._unyielded += 1
-        if self._unyielded >= _SCHEDULE_EVERY:
+        if self._unyielded >= self._schedule_every:
             self._unyielded = 0
             await trio.lowlevel.cancel_shielded_checkpoint()
 
@@ -348,17 +371,40 @@ class TLSSocketStream(trio.abc.Stream):
         """Wait until the socket is readable (or writable).
 
         The reader task waits for readable and the writer task for writable. TLS can make a read
-        want to write (or a write want to read) for a moment; trio allows one waiter per direction,
-        so that rare wait polls instead of colliding with the other task's.
+        want to write (or a write want to read) for a moment, and trio lets one task at a time wait
+        on a socket for each direction. A second task that needs the same direction meanwhile waits
+        for the first one's wake-up (or cancellation, or the stream's close) instead; both then retry
+        their operation, which waits again if it still must.
         """
         self._unyielded = 0
+        bit = 1 if readable else 2
+        if self._waiting & bit:
+            await self._co_waiters(readable).park()
+            return
+        self._waiting |= bit
         try:
             if readable:
                 await trio.lowlevel.wait_readable(self.socket)
             else:
                 await trio.lowlevel.wait_writable(self.socket)
-        except trio.BusyResourceError:
-            await trio.sleep(0.001)
+        finally:
+            self._waiting &= ~bit
+            if readable:
+                waiters, self._readable_waiters = self._readable_waiters, None
+            else:
+                waiters, self._writable_waiters = self._writable_waiters, None
+            if waiters is not None:
+                waiters.unpark_all()
+
+    def _co_waiters(self, readable: bool) -> trio.lowlevel.ParkingLot:
+        """Where a second task waiting for the same direction waits (made when first needed)."""
+        if readable:
+            if self._readable_waiters is None:
+                self._readable_waiters = trio.lowlevel.ParkingLot()
+            return self._readable_waiters
+        if self._writable_waiters is None:
+            self._writable_waiters = trio.lowlevel.ParkingLot()
+        return self._writable_waiters
 
 
 def stream_socket(stream: trio.abc.Stream) -> stdlib_socket.socket | trio.socket.SocketType | None:
