@@ -17,7 +17,7 @@ from typing import Any, Final
 from loadtests.stats import percentile
 
 HOOK_DIR: Final = Path(__file__).resolve().parent / "gchook"
-_RECORD: Final = struct.Struct("<dfi")
+_RECORD: Final = struct.Struct("<dffi")
 
 
 def now() -> float:
@@ -33,8 +33,8 @@ def env(path: Path, threshold: str | None = None) -> dict[str, str]:
     return out
 
 
-def read(path: Path) -> list[tuple[float, float, int]]:
-    """Every record so far: (end time, pause seconds, generation)."""
+def read(path: Path) -> list[tuple[float, float, float, int]]:
+    """Every record so far: (end time, pause seconds, CPU seconds, generation)."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -45,13 +45,15 @@ def read(path: Path) -> list[tuple[float, float, int]]:
 
 def summarize(path: Path, start: float, end: float, *, settle: float = 0.5) -> dict[str, Any]:
     """Collections that ended between ``start`` and ``end``, per generation: count, per second, total,
-    p99 and longest pause (ms), and the share of the phase spent paused (%)."""
+    p99 and longest pause (ms), the share of the phase spent paused (%), and the longest pause's
+    and the total's CPU (ms; a pause longer than its CPU waited for a CPU)."""
     time.sleep(settle)  # the recorder flushes every 0.2 s
     seconds = max(end - start, 1e-9)
     out: dict[str, Any] = {}
     records = [r for r in read(path) if start <= r[0] <= end]
     for gen in (0, 1, 2):
-        pauses = sorted(p for _, p, g in records if g == gen)
+        pauses = sorted(p for _, p, _cpu, g in records if g == gen)
+        cpus = sorted(c for _, _p, c, g in records if g == gen)
         out[f"gen{gen}"] = {
             "count": float(len(pauses)),
             "per_s": len(pauses) / seconds,
@@ -59,5 +61,7 @@ def summarize(path: Path, start: float, end: float, *, settle: float = 0.5) -> d
             "p99_ms": 1000 * percentile(pauses, 99) if pauses else math.nan,
             "max_ms": 1000 * pauses[-1] if pauses else math.nan,
             "pct_of_phase": 100 * sum(pauses) / seconds,
+            "max_cpu_ms": 1000 * cpus[-1] if cpus else math.nan,
+            "cpu_pct_of_phase": 100 * sum(cpus) / seconds,
         }
     return out

@@ -35,6 +35,19 @@ def proc_cpu_seconds(pid: int) -> float:
     return own + sum(_or_zero(proc_cpu_seconds, child) for child in _children(pid))
 
 
+def proc_wait_seconds(pid: int, *, children: bool = True) -> float:
+    """Seconds the main thread of ``pid`` (and of its descendants, with ``children``) spent runnable
+    but waiting for a CPU (``/proc/<pid>/schedstat``, second field): on a shared machine, what others
+    took from its event loop. NaN where the kernel keeps no schedstats."""
+    try:
+        own = int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return math.nan
+    if not children:
+        return own
+    return own + sum(_or_zero(proc_wait_seconds, child) for child in _children(pid))
+
+
 def proc_peak_rss_mb(pid: int) -> float:
     """Peak resident set size (VmHWM) of ``pid`` and its live descendants, summed, in MiB."""
     return _status_mb(pid, "VmHWM:")
@@ -276,7 +289,11 @@ def nginx() -> str | None:
 
 def write_nginx_conf(directory: Path, port: int, upstream: tuple[str, int], certs: Certs | None) -> Path:
     """One nginx process: a TLS (or plaintext) listener proxying every request to ``upstream`` over
-    HTTP/1.1 keep-alive (TLS when the backends speak it), nothing written but its error log."""
+    HTTP/1.1 keep-alive (TLS when the backends speak it), nothing written but its error log.
+
+    Room for 16,384 connections: a client that dials whenever none is idle (client-go's policy)
+    opens hundreds during a stall, and nginx's default 1,024 (client and upstream sides together)
+    would make the floor line close connections for want of slots, not for want of speed."""
     directory.mkdir(parents=True, exist_ok=True)
     scheme = "https" if certs else "http"
     tls = (
@@ -294,9 +311,10 @@ def write_nginx_conf(directory: Path, port: int, upstream: tuple[str, int], cert
         f"""daemon off;
 master_process off;
 worker_processes 1;
+worker_rlimit_nofile 20000;
 pid {directory / "nginx.pid"};
 error_log {directory / "error.log"} warn;
-events {{ worker_connections 1024; }}
+events {{ worker_connections 16384; }}
 http {{
     access_log off;
 {temp}

@@ -300,17 +300,34 @@ def _phase_details(r: PhaseResult) -> list[str]:
             if r.generator_lag_p99_ms is not None
             else ""
         )
+        gc_note = (
+            f", its own gc: longest {r.generator_gc_max_ms:.1f} ms (most CPU in one: "
+            f"{_f(r.generator_gc_max_cpu_ms, '{:.1f}')} ms), {r.generator_gc_pct:.2f} % of the phase"
+            if r.generator_gc_max_ms is not None and r.generator_gc_pct is not None
+            else ""
+        )
         lines.append(
             f"  generator: {r.generator_cpu_us_per_review:,.0f} µs CPU per review, "
-            f"{_f(r.generator_cpu_pct, '{:.0f}')} % of a core{lag}"
+            f"{_f(r.generator_cpu_pct, '{:.0f}')} % of a core{lag}{gc_note}"
+        )
+    if r.cpu_wait_pct is not None or r.generator_cpu_wait_pct is not None:
+        lines.append(
+            f"  waiting for a CPU (runnable, not running): the {r.name} process's event loop "
+            f"{_f(r.cpu_wait_pct, '{:.0f}')} % of the phase, the generator's "
+            f"{_f(r.generator_cpu_wait_pct, '{:.0f}')} %"
         )
     if r.gc:
         parts = [
-            f"{gen} {v['count']:,.0f} ({v['per_s']:,.1f}/s, max {_f(v['max_ms'], '{:.2f}')} ms)"
+            f"{gen} {v['count']:,.0f} ({v['per_s']:,.1f}/s, longest {_f(v['max_ms'], '{:.2f}')} ms, "
+            f"CPU {_f(v.get('max_cpu_ms'), '{:.2f}')} ms)"
             for gen, v in r.gc.items()
         ]
         paused = sum(v["pct_of_phase"] for v in r.gc.values())
-        lines.append(f"  gateway gc: {', '.join(parts)}; paused {paused:.2f} % of the phase")
+        cpu = sum(v.get("cpu_pct_of_phase") or 0.0 for v in r.gc.values())
+        lines.append(
+            f"  {r.name} gc: {', '.join(parts)}; paused {paused:.2f} % of the phase "
+            f"({cpu:.2f} % of it collecting on a CPU)"
+        )
     return lines
 
 

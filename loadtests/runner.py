@@ -4,11 +4,14 @@ direct-to-backend baseline and the gateway side by side, verifying every answer.
 from __future__ import annotations
 
 import contextlib
+import gc
 import ipaddress
 import math
+import os
 import subprocess
 import sys
 import tempfile
+import time
 from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -354,6 +357,55 @@ def _segments(opts: Options, rate: float | None, capacity: float | None) -> list
     ]
 
 
+class _GcPauses:
+    """The generator's own garbage collections during a phase (``gc.callbacks``): a long one stops
+    its event loop like any other stall, and is charged to the latency it measures.
+
+    While a phase runs the generator makes no full (generation 2) collection: everything alive
+    before it is frozen (``gc.freeze``) and the generation-2 threshold is out of reach, so only the
+    young generations are collected. A full collection scans every live object, and with thousands
+    of reviews and connections in flight (a gateway that stalls) one took over a second
+    (docs/performance.md). The garbage that reaches generation 2 meanwhile is collected when the
+    phase ends.
+    """
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[int, float, float]] = []  # generation, wall seconds, CPU seconds
+        self._started = (0.0, 0.0)
+        self._threshold = gc.get_threshold()
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = (time.perf_counter(), time.thread_time())
+        else:
+            wall, cpu = self._started
+            self.pauses.append((info["generation"], time.perf_counter() - wall, time.thread_time() - cpu))
+
+    def __enter__(self) -> _GcPauses:
+        gc.collect()
+        gc.freeze()
+        self._threshold = gc.get_threshold()
+        if os.environ.get("LOADTEST_GENERATOR_GC") != "default":  # (an A/B knob for this choice)
+            gc.set_threshold(self._threshold[0], self._threshold[1], 2**31 - 1)
+        gc.callbacks.append(self._on_gc)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._on_gc)
+        gc.set_threshold(*self._threshold)
+        gc.unfreeze()
+        gc.collect()
+
+    def summary(self, seconds: float) -> dict[str, float]:
+        if not self.pauses:
+            return {"generator_gc_max_ms": 0.0, "generator_gc_pct": 0.0, "generator_gc_max_cpu_ms": 0.0}
+        return {
+            "generator_gc_max_ms": 1000 * max(p for _, p, _c in self.pauses),
+            "generator_gc_max_cpu_ms": 1000 * max(c for _, _p, c in self.pauses),
+            "generator_gc_pct": 100 * sum(p for _, p, _c in self.pauses) / max(seconds, 1e-9),
+        }
+
+
 async def _lag_probe(out: array[float]) -> None:
     """How late a 5 ms sleep of the generator wakes (seconds): its event loop's own delay."""
     while True:
@@ -678,7 +730,9 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
                             snap["fleet"] = processes.proc_cpu_seconds(fleet.pid)
                         if pid:
                             snap["server"] = processes.proc_cpu_seconds(pid)
+                            snap["server_wait"] = processes.proc_wait_seconds(pid)
                         snap["self"] = processes.self_cpu_seconds()
+                        snap["self_wait"] = processes.proc_wait_seconds(os.getpid(), children=False)
                         if gc_file is not None:
                             snap["gc_from"] = gcstats.now()
                         if pid and name == "gateway":
@@ -711,17 +765,18 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
                                 soak_tasks.start_soon(soak.churn_during_phase, churning, opts.reload_every)
                             if soak_gw is not None and result.rss is not None:
                                 soak_tasks.start_soon(result.rss.during_phase, soak_gw.pid)
-                            offered = await gen.run(
-                                rec,
-                                duration=sum(s.seconds for s in segments) if segments else opts.duration,
-                                requests=opts.requests,
-                                rate=rate,
-                                segments=segments,
-                                label=label,
-                                progress=progress,
-                                on_started=snapshot,
-                                lag=lag,
-                            )
+                            with _GcPauses() as generator_gc:
+                                offered = await gen.run(
+                                    rec,
+                                    duration=sum(s.seconds for s in segments) if segments else opts.duration,
+                                    requests=opts.requests,
+                                    rate=rate,
+                                    segments=segments,
+                                    label=label,
+                                    progress=progress,
+                                    on_started=snapshot,
+                                    lag=lag,
+                                )
                             soak_tasks.cancel_scope.cancel()
                         conn_stats = gen.stats
                     if soak_gw is not None and result.rss is not None:
@@ -746,8 +801,13 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
                         "generator_cpu_us_per_review": generator_cpu / n * 1e6,
                         "generator_cpu_pct": 100 * generator_cpu / elapsed,
                         **_lag_summary(lag),
+                        **generator_gc.summary(elapsed),
                     }
+                    self_waited = processes.proc_wait_seconds(os.getpid(), children=False) - snap["self_wait"]
+                    extra["generator_cpu_wait_pct"] = 100 * self_waited / elapsed
                     if pid and "server" in snap:
+                        waited = processes.proc_wait_seconds(pid) - snap["server_wait"]
+                        extra["cpu_wait_pct"] = 100 * waited / elapsed
                         cpu = processes.proc_cpu_seconds(pid) - snap["server"]
                         extra["cpu_s"] = cpu
                         extra["cpu_us_per_review"] = cpu / n * 1e6
@@ -813,7 +873,9 @@ async def _start_gateway(
     the load uses)."""
     port = processes.free_port()
     log = tmp / f"{name}.log"
-    which = f"the {name} gateway" + (f" from {tree}" if tree is not None else "")
+    which = ("the gateway" if name == "gateway" else f"the {name} gateway") + (
+        f" from {tree}" if tree is not None else ""
+    )
     say(f"starting {which} on 127.0.0.1:{port} (config in {tmp / 'config'}) …")
     proc = stack.enter_context(
         processes.managed(

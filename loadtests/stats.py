@@ -285,6 +285,12 @@ class PhaseResult:
     generator_cpu_pct: float | None = None  # the generator's CPU during the phase, % of one core
     generator_lag_p99_ms: float | None = None  # how late the generator's own timers fired
     generator_lag_max_ms: float | None = None
+    # Runnable but waiting for a CPU (schedstat), % of the phase: the server process, the generator.
+    cpu_wait_pct: float | None = None
+    generator_cpu_wait_pct: float | None = None
+    generator_gc_max_ms: float | None = None  # the generator's own longest garbage collection
+    generator_gc_pct: float | None = None  # ... and the share of the phase it spent collecting
+    generator_gc_max_cpu_ms: float | None = None  # the CPU of the collection that took most CPU
     # --burst: the schedule's segments, seconds from the burst's end until every window is normal.
     segments: list[SegmentSummary] | None = None
     recovery_s: float | None = None
@@ -372,6 +378,11 @@ def median_result(results: Sequence[PhaseResult]) -> PhaseResult:
         generator_cpu_pct=med(r.generator_cpu_pct for r in results),
         generator_lag_p99_ms=med(r.generator_lag_p99_ms for r in results),
         generator_lag_max_ms=med(r.generator_lag_max_ms for r in results),
+        cpu_wait_pct=med(r.cpu_wait_pct for r in results),
+        generator_cpu_wait_pct=med(r.generator_cpu_wait_pct for r in results),
+        generator_gc_max_ms=med(r.generator_gc_max_ms for r in results),
+        generator_gc_pct=med(r.generator_gc_pct for r in results),
+        generator_gc_max_cpu_ms=med(r.generator_gc_max_cpu_ms for r in results),
         segments=_med_segments([r.segments for r in results], med),
         recovery_s=_med_recovery([r.recovery_s for r in results if r.segments]),
         normal_p99_ms=med(r.normal_p99_ms for r in results),

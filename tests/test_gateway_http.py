@@ -136,6 +136,34 @@ def ca() -> trustme.CA:
     return trustme.CA()
 
 
+def _session_after_a_request(port: int, ca: trustme.CA) -> ssl.SSLSession | None:
+    """A new connection with a full handshake and one request, its answer read (TLS 1.3 tickets
+    arrive after the handshake, before the answer): the client's session afterwards."""
+    import socket
+
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+    ):
+        tls.sendall(b"GET /readyz HTTP/1.1\r\nHost: gw\r\n\r\n")
+        assert tls.recv(65536).startswith(b"HTTP/1.1 200")  # tickets come before the answer
+        assert tls.version() == "TLSv1.3"
+        return tls.session
+
+
+async def test_tls_sends_no_session_tickets(nursery: trio.Nursery, tmp_path: Path, ca: trustme.CA) -> None:
+    """A new connection gets no TLS 1.3 session ticket: the kube-apiserver never resumes a session
+    (client-go has no session cache), so a ticket would cost every handshake work and bytes."""
+    ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(tmp_path / "tls.pem")
+    running = await _gateway(
+        nursery, tmp_path, "--certfile", str(tmp_path / "tls.pem"), "--keyfile", str(tmp_path / "tls.pem")
+    )
+    session = await trio.to_thread.run_sync(_session_after_a_request, port_of(running.urls[0]), ca)
+    assert session is not None and not session.has_ticket
+
+
 @pytest.mark.parametrize("protocol", ["http1", "h2"], ids=["HTTP/1.1 over TLS", "h2 over TLS (ALPN)"])
 async def test_tls_with_client_certificates(
     nursery: trio.Nursery, tmp_path: Path, ca: trustme.CA, protocol: str

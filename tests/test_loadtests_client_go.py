@@ -403,8 +403,9 @@ def test_a_burst_is_reported_per_segment_for_nginx_and_the_gateway_with_the_gene
     tmp_path: Path,
 ) -> None:
     require_tool("nginx")
+    # Below the capacity even in the burst: a test asserts the report, not how a shared machine copes.
     proc, doc = _loadtests(
-        tmp_path, "--rate", "50%", "--poisson", "--burst", "150%:1", "--nginx", "--gc-stats"
+        tmp_path, "--rate", "25%", "--poisson", "--burst", "75%:1", "--nginx", "--gc-stats"
     )
     rows = doc["points"][0]["median"]
     assert list(rows) == ["direct", "nginx", "gateway"]
@@ -419,10 +420,14 @@ def test_a_burst_is_reported_per_segment_for_nginx_and_the_gateway_with_the_gene
         assert conns["per_review"] == conns["opened"] / (row["ok"] + row["late"])
         assert conns["dial_errors"] == 0
         assert row["generator_cpu_pct"] > 0 and row["generator_lag_p99_ms"] >= 0
+        assert row["generator_gc_max_ms"] >= 0 and row["generator_gc_pct"] >= 0, "the generator's own gc"
+        assert row["cpu_wait_pct"] >= 0 and row["generator_cpu_wait_pct"] >= 0, "time runnable, not running"
         assert len(doc["points"][0]["runs"][name][0]["windows"]) == 4, "one window per second of 1+1+2 s"
-    assert rows["gateway"]["offered_rps"] == capacity / 2
+    assert rows["gateway"]["offered_rps"] == capacity / 4
+    assert rows["gateway"]["segments"][1]["offered_rps"] > rows["gateway"]["segments"][0]["offered_rps"]
     gc = rows["gateway"]["gc"]
     assert set(gc) == {"gen0", "gen1", "gen2"} and gc["gen0"]["count"] > 0, "the gateway's collections"
+    assert gc["gen0"]["cpu_pct_of_phase"] <= gc["gen0"]["pct_of_phase"], "a pause's CPU is within it"
     assert rows["nginx"]["gc"] is None
     assert "connections: client-go's policy" in proc.stdout
     assert "÷ nginx" in proc.stdout

@@ -104,6 +104,10 @@ def server_context(
         context.load_verify_locations(client_ca)
         context.verify_mode = ssl.CERT_REQUIRED  # TRN-14: the caller must present a client certificate
     context.load_cert_chain(certfile, keyfile)
+    # No TLS 1.3 session tickets: the kube-apiserver (client-go) keeps no session cache and never
+    # resumes, so each ticket was an encryption and a record per new connection for nothing (~30 µs
+    # of a ~280 µs handshake; benchmarks/bench_tls_handshake.py).
+    context.num_tickets = 0
     return context
 
 
