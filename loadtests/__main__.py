@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -150,6 +151,12 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--review-version", choices=("v1", "v1beta1"), default="v1")
     b.add_argument(
         "--slow-fraction", type=float, default=0.05, help="slow-ignore: share of reviews the slow one sees"
+    )
+    b.add_argument(
+        "--backend-policy",
+        metavar="YAML",
+        help="the webhook-gateway.io/backend-policy annotation of every configuration, instead of the "
+        "scenario's (e.g. '\"*\": {circuitBreaker: {}}' puts every call through a circuit breaker)",
     )
     b.add_argument("--no-direct", action="store_true", help="skip the direct-to-backend baseline")
     b.add_argument("--direct-only", action="store_true", help="start no gateway: measure the backends alone")
@@ -398,6 +405,8 @@ def main(argv: list[str] | None = None) -> int:
         parser().error(str(exc))
     # --target alone: reviews go to its /validate and are checked for protocol only (its config is unknown)
     scenario = build(args.scenario or "passthrough", backends=args.backends, slow_fraction=opts.slow_fraction)
+    if args.backend_policy is not None:
+        scenario = dataclasses.replace(scenario, backend_policy=args.backend_policy)
 
     def say(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)

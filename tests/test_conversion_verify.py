@@ -64,16 +64,6 @@ def converted(**metadata: Any) -> bytes:
             id="CNV-11 annotations are bounded",
         ),
         pytest.param(
-            json.dumps({**ORIGINAL, "apiVersion": DESIRED, "metadata": "x"}).encode(),
-            "returned invalid metadata in object at index 0: invalid metadata of type string in converted object",
-            id="CNV-11 metadata must be an object",
-        ),
-        pytest.param(
-            json.dumps({**ORIGINAL, "apiVersion": DESIRED, "metadata": None}).encode(),
-            "invalid metadata of type <nil> in converted object",
-            id="CNV-11 null metadata is metadata of type <nil>, not missing",
-        ),
-        pytest.param(
             converted(labels={"n": None, "ok": "yes"}),
             "metadata.labels[n] must be a string, but is <nil> in converted object",
             id="CNV-11 a null label value is not a string",
@@ -98,6 +88,55 @@ def test_converted_object_checks(out, reason):
     with pytest.raises(ConversionFailedError) as caught:
         verify_object(0, original, out, DESIRED)
     assert reason in caught.value.reason
+    assert caught.value.failure_type == INVALID_CONVERTED_OBJECT
+
+
+FRAGMENT: dict[str, Any] = {"apiVersion": "stable.example.com/v1", "kind": "CronTab", "spec": {}}
+
+
+@pytest.mark.parametrize(
+    ("original", "metadata", "reason"),
+    [
+        pytest.param(
+            ORIGINAL,
+            ...,
+            "returned invalid object at index 0: must have the same name: a != ",
+            id="CNV-11 an object that lost its metadata fails the name check first, in upstream's order",
+        ),
+        pytest.param(
+            ORIGINAL,
+            "x",
+            "returned invalid object at index 0: must have the same name: a != ",
+            id="CNV-11 metadata that is not an object reads as empty in the identity check, as upstream",
+        ),
+        pytest.param(
+            FRAGMENT,
+            ...,
+            "returned invalid metadata in object at index 0: missing metadata in converted object",
+            id="CNV-11 without a name to compare (a field-set fragment), missing metadata is named",
+        ),
+        pytest.param(
+            FRAGMENT,
+            "x",
+            "returned invalid metadata in object at index 0: invalid metadata of type string in converted object",
+            id="CNV-11 without a name to compare, metadata must be an object",
+        ),
+        pytest.param(
+            FRAGMENT,
+            None,
+            "returned invalid metadata in object at index 0: invalid metadata of type <nil> in converted object",
+            id="CNV-11 null metadata is metadata of type <nil>, not missing",
+        ),
+    ],
+)
+def test_metadata_shape_is_checked_after_identity(original, metadata, reason):
+    out = {**original, "apiVersion": DESIRED}
+    out.pop("metadata", None)
+    if metadata is not ...:
+        out["metadata"] = metadata
+    with pytest.raises(ConversionFailedError) as caught:
+        verify_object(0, json.dumps(original).encode(), json.dumps(out).encode(), DESIRED)
+    assert caught.value.reason == reason
     assert caught.value.failure_type == INVALID_CONVERTED_OBJECT
 
 

@@ -157,6 +157,26 @@ def test_results_of_calls_from_an_older_state_are_ignored() -> None:
     assert breaker.state is CircuitState.CLOSED
 
 
+def test_a_probe_that_never_reports_is_given_up_after_its_lease() -> None:
+    """A probe whose worker was killed never reports: after probe_lease seconds the next call probes
+    (one at a time still), instead of a circuit refusing for ever."""
+    clock = VirtualClock()
+    breaker = CircuitBreaker(1, 5, clock, probe_lease=35)
+    breaker.record_failure(permit(breaker), "timeout")
+    clock.advance(5)
+    lost = permit(breaker)
+    assert lost.probe
+    clock.advance(34.9)
+    refused, _ = breaker.admit()
+    assert isinstance(refused, CircuitOpen) and refused.retry_at == pytest.approx(clock.now + 0.1)
+    clock.advance(0.1)
+    again = permit(breaker)
+    assert again.probe
+    assert isinstance(breaker.admit()[0], CircuitOpen), "one probe at a time"
+    breaker.record_success(again)
+    assert breaker.state is CircuitState.CLOSED
+
+
 def test_reconfigure_keeps_the_open_period() -> None:
     """New thresholds from a reload do not close an open circuit."""
     clock = VirtualClock()
@@ -184,11 +204,13 @@ EVENTS = st.lists(
 @settings(max_examples=300, deadline=None)
 @given(events=EVENTS, threshold=st.integers(1, 4))
 def test_circuit_breaker_invariants(events: list[tuple[Any, ...]], threshold: int) -> None:
-    """Any interleaving: at most one probe out; calls pass while open only if openSeconds are over;
-    the circuit opens only on a failure; the state reported in transitions is the state read after."""
+    """Any interleaving: at most one probe out (within its lease); calls pass while open only if
+    openSeconds are over; the circuit opens only on a failure; the state reported in transitions is
+    the state read after."""
     clock = VirtualClock()
-    breaker = CircuitBreaker(threshold, 5, clock)
+    breaker = CircuitBreaker(threshold, 5, clock, probe_lease=20)
     outstanding: list[CallPermit] = []
+    leased: dict[int, float] = {}  # id(probe permit) -> when its lease ends
     for event in events:
         if event[0] == "admit":
             before = breaker.state
@@ -196,9 +218,14 @@ def test_circuit_breaker_invariants(events: list[tuple[Any, ...]], threshold: in
             if isinstance(admitted, CallPermit):
                 assert before is not CircuitState.OPEN
                 outstanding.append(admitted)
+                if admitted.probe:
+                    leased[id(admitted)] = clock.now + 20
             else:
                 assert before is not CircuitState.CLOSED
-            assert sum(1 for p in outstanding if p.probe and p.epoch == breaker._epoch) <= 1
+            current = [
+                p for p in outstanding if p.probe and p.epoch == breaker.epoch and leased[id(p)] > clock.now
+            ]
+            assert len(current) <= 1
         elif event[0] == "wait":
             clock.advance(event[1])
         elif outstanding:

@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.observability import Metrics
 from gateway.server.workers import available_cpus, capture, merge
 from tests.support.client import connect
-from tests.support.gateway import backend, review, write_config
+from tests.support.gateway import backend, hook, review, write_config
 from tests.support.kubeapi import FakeKubeAPI, write_kubeconfig
 
 REPO = Path(__file__).resolve().parent.parent
@@ -216,8 +216,8 @@ class Gateway:
                 try:
                     if (await self.get("/readyz"))[0] == 200:
                         return
-                except OSError:
-                    pass
+                except (OSError, trio.TooSlowError):
+                    pass  # the supervisor's socket accepts before any worker serves it
                 await trio.sleep(0.1)
 
     def workers(self) -> set[int]:
@@ -612,3 +612,223 @@ async def test_rotated_backend_credentials_reach_every_worker(nursery: trio.Nurs
             return len(served) == 2 and all(n > 0 for n in served)
 
         await _eventually(both_rotated, timeout=30)
+
+
+# --- one state per backend across workers (docs/resilience.md, "Several workers") --------------
+
+
+def _policy_config(tmp_path: Path, base: str, policy: str, **fields: object) -> None:
+    hooks = [backend("stalled.example.com", "/sleep/10000/allow", **fields)]
+    hooks[0]["clientConfig"]["url"] = base + "/sleep/10000/allow"
+    doc = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": "team-a", "annotations": {"webhook-gateway.io/backend-policy": policy}},
+        "webhooks": hooks,
+    }
+    (tmp_path / "config").mkdir(exist_ok=True)
+    (tmp_path / "config" / "webhooks.json").write_text(json.dumps(doc))
+
+
+async def _per_worker_reviews(gw: Gateway) -> dict[str, float]:
+    return {
+        dict(labels)["worker"]: value
+        for (name, labels), value in (await gw.metrics()).items()
+        if name == "webhook_gateway_worker_reviews_total"
+    }
+
+
+async def test_a_circuit_opened_by_failures_on_two_workers_is_open_on_every_worker(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """consecutiveFailures 3 counts the failures of every worker; once open, every review fails fast
+    on whichever worker takes it (the refusal names the circuit, not a timeout), the backend is not
+    called again, and /metrics shows the one circuit open once."""
+    from gateway.devtools.backends import serve_backend
+
+    server = await nursery.start(lambda task_status: serve_backend(task_status=task_status))
+    _policy_config(
+        tmp_path,
+        f"http://127.0.0.1:{server.port}",
+        '"*": {circuitBreaker: {consecutiveFailures: 3, openSeconds: 600}}',
+        timeoutSeconds=1,
+        failurePolicy="Fail",
+    )
+    timed_out = "context deadline exceeded"
+    refused = 'failed calling webhook "stalled.example.com": circuit open after 3 consecutive failures'
+    async with gateway(tmp_path) as gw:
+        # Three reviews on new connections: each worker may take any of them. With one state per
+        # backend, the third failure opens the circuit wherever the first two happened.
+        for _ in range(3):
+            message = (await gw.review())["status"]["message"]  # type: ignore[index]
+            assert timed_out in message, message
+        assert len(server.calls) == 3
+        before = await _per_worker_reviews(gw)
+        followed = 0
+        with trio.fail_after(60):
+            while True:
+                for _ in range(10):
+                    answer = await gw.review()
+                    assert answer["allowed"] is False
+                    message = answer["status"]["message"]  # type: ignore[index]
+                    # A worker still closed would call the backend and time out after 1 s instead.
+                    assert refused in message, f"review {followed}: {message}"
+                    followed += 1
+                await trio.sleep(0.6)  # > DUMP_SECONDS: both workers' counts are in /metrics
+                after = await _per_worker_reviews(gw)
+                if len(after) == 2 and all(after[w] - before.get(w, 0) >= 3 for w in after):
+                    break  # both workers answered several reviews since the circuit opened
+        assert len(server.calls) == 3, "no worker called the backend once the circuit was open"
+        got = await gw.metrics()
+        webhook = (("webhook", "stalled.example.com"),)
+        assert got[("webhook_gateway_backend_circuit_state", webhook)] == 1  # open, on every worker
+        opened = (("state", "open"), ("webhook", "stalled.example.com"))
+        assert got[("webhook_gateway_backend_circuit_transitions_total", opened)] == 1
+        assert got[("webhook_gateway_shared_state_slots", (("state", "used"), ("table", "circuits")))] == 1
+        assert got[("webhook_gateway_shared_state_refused_total", (("table", "circuits"),))] == 0
+
+
+async def test_a_pod_ejected_by_one_worker_gets_no_call_from_any_worker(
+    nursery: trio.Nursery, tmp_path: Path, kube_api: FakeKubeAPI
+) -> None:
+    """Endpoint ejection (3 consecutive connection failures) counts the failures of every worker and
+    ejects the pod for all of them: no review on any worker meets the dead pod again.
+
+    The EndpointSlices come from the fake kube-apiserver: the real one refuses loopback addresses in
+    EndpointSlices, and the pods here are 127.0.0.x listeners."""
+    import base64
+
+    from gateway.devtools.backends import serve_backend
+
+    ca = trustme.CA()
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("hook.team-a.svc").configure_cert(context)
+    healthy = await nursery.start(
+        lambda task_status: serve_backend(
+            host="127.0.0.3", ssl_context=context, http1_only=True, task_status=task_status
+        )
+    )
+    dead = trio.socket.socket()
+    await dead.bind(("127.0.0.2", 0))  # bound, never listening: every connection is refused at once
+    kube_api.put_slice("team-a", "hook-dead", "hook", dead.getsockname()[1], [("127.0.0.2", True, False)])
+    kube_api.put_slice("team-a", "hook-ok", "hook", healthy.port, [("127.0.0.3", True, False)])
+    service = {"namespace": "team-a", "name": "hook", "path": "/allow"}
+    bundle = base64.b64encode(ca.cert_pem.bytes()).decode()
+    entry = hook("pods.example.com", "", clientConfig={"service": service, "caBundle": bundle})
+    write_config(tmp_path / "config", validating={"a": [entry]})
+    kubeconfig = write_kubeconfig(kube_api, tmp_path / "kubeconfig")
+    args = ("--namespace-source", "cluster", "--kubeconfig", str(kubeconfig))
+    refused = 0
+    try:
+        async with gateway(tmp_path, *args) as gw:
+
+            async def both_watching() -> bool:
+                return (
+                    sum(p.endswith("/endpointslices") and "watch" in q for p, q, _ in kube_api.requests) >= 2
+                )
+
+            await _eventually(both_watching)
+            with trio.fail_after(60):
+                while refused < 3:  # the dead pod is picked about every other call until ejected
+                    answer = await gw.review()
+                    if answer["allowed"] is False:
+                        assert "connection refused" in answer["status"]["message"]  # type: ignore[index]
+                        refused += 1
+                before = await _per_worker_reviews(gw)
+                while True:
+                    for _ in range(10):
+                        answer = await gw.review()
+                        assert answer["allowed"] is True, f"after {refused} refusals: {answer}"
+                    await trio.sleep(0.6)
+                    after = await _per_worker_reviews(gw)
+                    if len(after) == 2 and all(after[w] - before.get(w, 0) >= 10 for w in after):
+                        break  # both workers answered ten reviews or more since the ejection
+    finally:
+        dead.close()
+
+
+async def test_max_in_flight_bounds_the_calls_of_both_workers_together(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """maxInFlight 1 with two workers: while one call is in flight, reviews on either worker are
+    refused at once (the refusal names the bulkhead); each burst of concurrent reviews reaches the
+    backend once, also when both workers took some of it."""
+    from gateway.devtools.backends import serve_backend
+
+    server = await nursery.start(lambda task_status: serve_backend(task_status=task_status))
+    hooks = [backend("slow.example.com", "/sleep/2000/allow", failurePolicy="Fail")]
+    hooks[0]["clientConfig"]["url"] = f"http://127.0.0.1:{server.port}/sleep/2000/allow"
+    doc = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {
+            "name": "team-a",
+            "annotations": {"webhook-gateway.io/backend-policy": '"*": {maxInFlight: 1}'},
+        },
+        "webhooks": hooks,
+    }
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "webhooks.json").write_text(json.dumps(doc))
+    refused = "1 calls already in flight (maxInFlight 1)"
+    async with gateway(tmp_path) as gw:
+        with trio.fail_after(120):
+            while True:
+                before = await _per_worker_reviews(gw)
+                calls = len(server.calls)
+                answers: list[dict[str, object]] = []
+
+                async def one(into: list[dict[str, object]]) -> None:
+                    into.append(await gw.review())
+
+                async with trio.open_nursery() as burst:
+                    for _ in range(6):
+                        burst.start_soon(one, answers)
+                assert len(server.calls) - calls == 1, "one call in flight at a time, whichever worker"
+                assert sorted(bool(a["allowed"]) for a in answers) == [False] * 5 + [True]
+                for answer in answers:
+                    if not answer["allowed"]:
+                        assert refused in answer["status"]["message"]  # type: ignore[index]
+                await trio.sleep(0.6)  # > DUMP_SECONDS: both workers' counts are in /metrics
+                after = await _per_worker_reviews(gw)
+                if len(after) == 2 and all(after[w] > before.get(w, 0) for w in after):
+                    break  # a burst that both workers took part in
+
+
+async def test_a_restarted_worker_finds_the_circuit_open(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """kill -9 of a worker once the circuit is open: its successor refuses at once too (it picks
+    up the shared state), and the backend is not called again."""
+    from gateway.devtools.backends import serve_backend
+
+    server = await nursery.start(lambda task_status: serve_backend(task_status=task_status))
+    _policy_config(
+        tmp_path,
+        f"http://127.0.0.1:{server.port}",
+        '"*": {circuitBreaker: {consecutiveFailures: 1, openSeconds: 600}}',
+        timeoutSeconds=1,
+        failurePolicy="Fail",
+    )
+    refused = 'failed calling webhook "stalled.example.com": circuit open after 1 consecutive failures'
+    async with gateway(tmp_path) as gw:
+        assert "context deadline exceeded" in (await gw.review())["status"]["message"]  # type: ignore[index]
+        assert len(server.calls) == 1
+        before = gw.workers()
+        for victim in sorted(before):  # each worker in turn: whichever held what, all restart
+            os.kill(victim, signal.SIGKILL)
+            with trio.fail_after(60):
+                while True:
+                    now = gw.workers()
+                    if victim not in now and len(now) == 2 and (await gw.get("/readyz"))[0] == 200:
+                        break
+                    await trio.sleep(0.1)
+        assert not gw.workers() & before, "both workers were replaced"
+        baseline = await _per_worker_reviews(gw)
+        with trio.fail_after(60):
+            while True:
+                for _ in range(10):
+                    message = (await gw.review())["status"]["message"]  # type: ignore[index]
+                    assert refused in message, message
+                await trio.sleep(0.6)
+                after = await _per_worker_reviews(gw)
+                if len(after) == 2 and all(after[w] - baseline.get(w, 0) >= 3 for w in after):
+                    break
+        assert len(server.calls) == 1

@@ -159,10 +159,11 @@ def verify_object(index: int, original: bytes, converted: bytes, desired_api_ver
 
     The texts are upstream's (``webhook_converter.go``): ``returned invalid object at index <i>`` for
     the type and identity checks, ``returned invalid metadata in object at index <i>`` for the
-    metadata's own shape, labels and annotations. One order differs: upstream compares name,
-    namespace and uid before it looks at the metadata itself, so an object without metadata reads
-    ``must have the same name: a != ``; the gateway says what is wrong, ``missing metadata in
-    converted object``.
+    metadata's own shape, labels and annotations. The order is upstream's too: name, namespace and
+    uid are compared first (a missing or non-object ``metadata`` reads as empty), so an object
+    without metadata whose original has a name reads ``must have the same name: a != ``, and
+    ``missing metadata in converted object`` is what an object without a name (a field-set
+    fragment) gets.
     """
     out = object_head(converted)
     if out is None:
@@ -182,6 +183,12 @@ def verify_object(index: int, original: bytes, converted: bytes, desired_api_ver
             f"{where}: invalid kind (expected {inp.kind or ''}, received {out.kind or ''})",
             INVALID_CONVERTED_OBJECT,
         )
+    for field, label in (("name", "name"), ("namespace", "namespace"), ("uid", "UID")):
+        a, b = _meta_field(inp, field), _meta_field(out, field)
+        if a != b:
+            raise ConversionFailedError(
+                f"{where}: must have the same {label}: {a} != {b}", INVALID_CONVERTED_OBJECT
+            )
     in_metadata = f"returned invalid metadata in object at index {index}"
     meta = out.metadata
     if not isinstance(meta, dict):
@@ -189,12 +196,6 @@ def verify_object(index: int, original: bytes, converted: bytes, desired_api_ver
         if meta is not msgspec.UNSET:
             message = f"invalid metadata of type {go_type(meta)} in converted object"
         raise ConversionFailedError(f"{in_metadata}: {message}", INVALID_CONVERTED_OBJECT)
-    for field, label in (("name", "name"), ("namespace", "namespace"), ("uid", "UID")):
-        a, b = _meta_field(inp, field), _meta_field(out, field)
-        if a != b:
-            raise ConversionFailedError(
-                f"{where}: must have the same {label}: {a} != {b}", INVALID_CONVERTED_OBJECT
-            )
     for field, check in (("labels", _label_errors), ("annotations", _annotation_errors)):
         value = meta.get(field)
         if value is None:

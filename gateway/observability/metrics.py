@@ -68,6 +68,7 @@ OVERHEAD_BUCKETS: Final = (
 )  # fmt: skip
 
 Endpoint = str  # "validating" | "mutating"
+CircuitSource = Callable[[], Iterable[tuple[str, int, bool]]]  # (webhook, state value, shared)
 
 # MET-06 [UP-quirk]: the webhook_* metrics say "validating", the step metric says "validate".
 _WEBHOOK_TYPE: Final = {"validating": "validating", "mutating": "admit"}
@@ -756,6 +757,33 @@ class Metrics:
         )  # fmt: skip
         for reason in ("in_flight", "event_loop_lag"):
             self.reviews_shed.labels(reason)
+        self.circuit_source: CircuitSource | None = None
+
+    def set_circuit_source(self, source: CircuitSource | None) -> None:
+        """At every scrape, ``source()`` gives each circuit's state as the guards act on it now.
+
+        Rows are ``(webhook, state value, shared)``; ``shared`` is false for a circuit that is this
+        worker's own although the others share theirs (the shared table was full).
+        """
+        self.circuit_source = source
+
+    def refresh_circuit_states(self) -> list[str]:
+        """Set ``backend_circuit_state`` from the source (removed backends vanish); the webhook
+        names whose circuit is not shared."""
+        source = self.circuit_source
+        if source is None:
+            return []
+        unshared: list[str] = []
+        children = self.circuit_state.children
+        children.clear()
+        try:
+            for webhook, state, shared in source():
+                self.circuit_state.labels(webhook).value = state
+                if not shared:
+                    unshared.append(webhook)
+        except Exception:  # noqa: BLE001 - a broken probe must not break the whole scrape
+            children.clear()
+        return unshared
 
     def circuit_changed(self, webhook: str, state: int, label: str) -> None:
         """A circuit moved to ``state`` (its gauge value) named ``label`` (closed, open, half-open)."""
@@ -840,6 +868,7 @@ class Metrics:
 
     def render(self) -> tuple[bytes, str]:
         """The Prometheus text exposition (format 0.0.4, as Go clients serve it) and its content type."""
+        self.refresh_circuit_states()
         body = generate_latest(self.registry)
         # prometheus_client's writer appends "_total" to every counter's HELP/TYPE name; upstream's
         # two "..._count" counters have no such suffix (MET-01: identical names).

@@ -22,7 +22,7 @@ dashboard built on them: `deploy/components/monitoring/`, runbooks in `docs/runb
 Histograms also export `_bucket`, `_sum` and `_count` series; counters end in `_total` except the two
 `..._count` families that keep the kube-apiserver's names. Besides these, the standard `process_*`
 families of the Prometheus client (CPU seconds, resident and virtual memory, open and maximum file
-descriptors, start time) are exported. The last four rows exist only with `--workers` greater than 1.
+descriptors, start time) are exported. The last six rows exist only with `--workers` greater than 1.
 
 | metric | type | labels | meaning |
 | --- | --- | --- | --- |
@@ -48,6 +48,20 @@ WORKER_FAMILIES: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
         "counter",
         ("worker",),
         "Review requests handled per worker slot (how evenly the kernel spreads connections).",
+    ),
+    (
+        "webhook_gateway_shared_state_slots",
+        "gauge",
+        ("table", "state"),
+        "Records of the per-backend state shared by the workers, per table (circuits, in_flight, "
+        "endpoints) and state (used, free); fixed when the gateway starts.",
+    ),
+    (
+        "webhook_gateway_shared_state_refused_total",
+        "counter",
+        ("table",),
+        "Backends or endpoints that found their shared table full and kept a state of their own "
+        "in one worker, per table.",
     ),
 )
 _LABELS = {  # families whose label names show only once a series exists

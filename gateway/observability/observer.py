@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any, Final, Protocol
 
 import structlog
@@ -354,6 +354,11 @@ class Observability:
     def certificate_reloaded(self, ok: bool) -> None:
         if self.prometheus is not None:
             self.prometheus.certificate_reloaded(ok)
+
+    def set_circuit_source(self, source: Callable[[], Iterable[tuple[str, int, bool]]] | None) -> None:
+        """At every scrape, each circuit's state as the guards act on it now (not as last reported)."""
+        if self.prometheus is not None:
+            self.prometheus.set_circuit_source(source)
 
     def set_inbound_source(self, source: Callable[[], int] | None) -> None:
         """Export ``source()`` (open inbound connections) at each scrape."""

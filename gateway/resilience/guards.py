@@ -5,6 +5,13 @@ result after it; a ``Refusal`` is a call error for that backend under its own fa
 at once. ``BackendGuards`` holds one guard per backend identity; ``reconcile`` applies a new
 configuration in place, so that a reload keeps the circuit and the in-flight count of every
 backend that is still there (the state lives in the backend, not in the configuration).
+
+With a ``CellStore`` (``--workers N``: ``gateway.server.shared_state``), every circuit's word lives
+in the store under its ``backend_key``, shared by every worker: ``reconcile`` attaches the backends
+with a circuit breaker and releases those gone (or whose breaker was turned off). A backend the
+store has no room for keeps a circuit of its own in this process (``circuits`` says which).
+Likewise with a ``CounterStore`` for the bulkheads: ``maxInFlight`` then bounds the calls in flight
+of all workers together.
 """
 
 from __future__ import annotations
@@ -16,8 +23,16 @@ from typing import Final, Literal
 
 from gateway.config.backend_policy import DEFAULT_POLICY, BackendMode, BackendPolicy
 from gateway.config.model import Webhook
-from gateway.resilience.breaker import CallPermit, CircuitBreaker, CircuitState, Clock, Transition
+from gateway.resilience.breaker import (
+    CallPermit,
+    CircuitBreaker,
+    CircuitState,
+    CircuitWord,
+    Clock,
+    Transition,
+)
 from gateway.resilience.bulkhead import Bulkhead, BulkheadToken
+from gateway.resilience.cells import CellStore, CounterStore
 
 RefusalReason = Literal["circuit_open", "max_in_flight"]
 REFUSAL_REASONS: Final[tuple[RefusalReason, ...]] = ("circuit_open", "max_in_flight")
@@ -165,12 +180,26 @@ class Reconciled:
 
 
 class BackendGuards:
-    """The guards of every configured backend, by ``backend_key``. Not thread-safe."""
+    """The guards of every configured backend, by ``backend_key``. Not thread-safe.
 
-    def __init__(self, clock: Clock, on_transition: TransitionListener | None = None) -> None:
+    ``cells``, ``in_flight``: where the circuits' state and the bulkheads' counts live when they are
+    shared with other processes.
+    """
+
+    def __init__(
+        self,
+        clock: Clock,
+        on_transition: TransitionListener | None = None,
+        cells: CellStore[CircuitWord] | None = None,
+        in_flight: CounterStore | None = None,
+    ) -> None:
         self._clock = clock
         self._listener = on_transition
+        self._cells = cells
+        self._in_flight = in_flight
         self._guards: dict[BackendKey, BackendGuard] = {}
+        self._shared: set[BackendKey] = set()  # keys whose circuit is a cell of ``cells``
+        self._counted: set[BackendKey] = set()  # keys whose bulkhead counts in ``in_flight``
 
     def __len__(self) -> int:
         return len(self._guards)
@@ -186,6 +215,7 @@ class BackendGuards:
             guard = self._guards[key] = BackendGuard(
                 webhook.name, webhook.backend_policy, self._clock, self._listener
             )
+            self._share(key, guard)
         return guard
 
     def reconcile(self, webhooks: Iterable[Webhook]) -> Reconciled:
@@ -213,9 +243,57 @@ class BackendGuards:
                 if guard.policy != policy:
                     guard.reconfigure(policy)
             current[key] = guard
-        removed = sum(1 for k in previous if k not in current)
+            self._share(key, guard)
+        removed = 0
+        for key in previous:
+            if key not in current:
+                removed += 1
+                self._unshare(key)
+                self._uncount(key)
         self._guards = current
         return Reconciled(added, kept, removed)
+
+    def _share(self, key: BackendKey, guard: BackendGuard) -> None:
+        """Put the circuit and the bulkhead of ``key`` in the shared stores (or take them out)."""
+        breaker, bulkhead = guard.breaker, guard.bulkhead
+        if self._cells is not None:
+            if breaker is None:
+                self._unshare(key)
+            elif key not in self._shared:
+                cell = self._cells.attach(key)  # a worker that starts picks up the state found there
+                if cell is not None:
+                    breaker.cell = cell
+                    self._shared.add(key)
+        if self._in_flight is not None:
+            if bulkhead is None:
+                self._uncount(key)
+            elif key not in self._counted:
+                counter = self._in_flight.attach(key)
+                if counter is not None:
+                    bulkhead.counter = counter  # calls in flight keep the counter that counted them
+                    self._counted.add(key)
+
+    def _unshare(self, key: BackendKey) -> None:
+        if self._cells is not None and key in self._shared:
+            self._shared.discard(key)
+            self._cells.release(key)
+
+    def _uncount(self, key: BackendKey) -> None:
+        if self._in_flight is not None and key in self._counted:
+            self._counted.discard(key)
+            self._in_flight.release(key)
+
+    def circuits(self) -> list[tuple[str, int, bool]]:
+        """``(webhook name, state gauge value, shared)`` per backend with a circuit breaker, read now.
+
+        ``shared``: the state is the one every process acts on (always, without a store).
+        """
+        cells = self._cells
+        return [
+            (g.name, int(g.breaker.state), cells is None or key in self._shared)
+            for key, g in self._guards.items()
+            if g.breaker is not None
+        ]
 
     def states(self) -> Mapping[str, CircuitState]:
         """Circuit state per webhook name, for backends with a circuit breaker (scrape time)."""

@@ -42,6 +42,7 @@ from gateway.wire.tls import server_context
 
 if TYPE_CHECKING:
     from gateway.observability import Observability
+    from gateway.server.shared_state import SharedBackendState
 
 log = structlog.get_logger("gateway.server")
 
@@ -88,9 +89,14 @@ async def serve(
     observer: Observability | None = None,
     handle_signals: bool = True,
     readiness: Readiness | None = None,
+    shared_state: SharedBackendState | None = None,
     task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run the gateway until SIGTERM/SIGINT (or ``Running.shutdown()``), then drain and return."""
+    """Run the gateway until SIGTERM/SIGINT (or ``Running.shutdown()``), then drain and return.
+
+    ``shared_state``: a worker's tables of per-backend state shared with the other workers
+    (``--workers N``); circuits, bulkheads' counts and endpoint ejections then live there.
+    """
     from gateway.dispatch.policy import GuardedBackends
     from gateway.dispatch.shadow import ShadowCalls
     from gateway.resilience import BackendGuards
@@ -153,15 +159,21 @@ async def serve(
         caller = BackendCaller(pool, credentials)
         caller.prepare(first)  # backend targets (URL, TLS, credentials) are built with the snapshot
         source = await _namespace_source(nursery, options, store)
-        endpoint_slices = _endpoint_slices(nursery, options, caller, store.snapshot)
+        endpoint_slices = _endpoint_slices(nursery, options, caller, store.snapshot, shared_state)
         namespaces = _NamespaceLabels(source)
         # MAT-33: ready once a configuration is loaded and, if any backend needs namespace labels,
         # the namespace source has synced.
         readiness.add_check(lambda: source.ready or not _needs_namespaces(store.snapshot))
         nursery.start_soon(_when_synced, source, readiness)
         # Per-backend circuit breakers and bulkheads (webhook-gateway.io/backend-policy), kept across reloads.
-        guards = BackendGuards(trio.current_time, on_transition=observer.circuit_changed)
+        guards = BackendGuards(
+            shared_state.clock if shared_state is not None else trio.current_time,
+            on_transition=observer.circuit_changed,
+            cells=shared_state.circuits(first) if shared_state is not None else None,
+            in_flight=shared_state.in_flight(first) if shared_state is not None else None,
+        )
         guards.reconcile((*first.validating, *first.mutating))
+        observer.set_circuit_source(guards.circuits)  # /metrics shows the state the guards act on
         dispatcher = Dispatcher(
             caller,
             namespaces,
@@ -424,7 +436,13 @@ def _overload_gate(options: ServeSettings, observer: Any) -> Any:
     return OverloadGate(policy, on_shed=observer.review_shed) if policy.enabled else None
 
 
-def _endpoint_slices(nursery: trio.Nursery, options: ServeSettings, caller: Any, snapshot: Snapshot) -> Any:
+def _endpoint_slices(
+    nursery: trio.Nursery,
+    options: ServeSettings,
+    caller: Any,
+    snapshot: Snapshot,
+    shared_state: SharedBackendState | None,
+) -> Any:
     """With cluster access, service backends are balanced over their EndpointSlices (else DNS)."""
     if options.namespace_source != "cluster":
         return None
@@ -433,7 +451,11 @@ def _endpoint_slices(nursery: trio.Nursery, options: ServeSettings, caller: Any,
     from gateway.transport.endpoints import EndpointRouter
 
     config = load_kubeconfig(Path(options.kubeconfig)) if options.kubeconfig else in_cluster_config()
-    caller.endpoints = router = EndpointRouter(trio.current_time)
+    if shared_state is not None:  # ejections shared by every worker
+        router = EndpointRouter(shared_state.clock, cells=shared_state.ejections(snapshot))
+    else:
+        router = EndpointRouter(trio.current_time)
+    caller.endpoints = router
     source = ClusterEndpointSlices(KubeClient(config), router.update)
     source.watch_snapshot(snapshot)
     nursery.start_soon(source.run)

@@ -36,6 +36,10 @@ What the supervisor guarantees:
   per family, see ``GAUGE_MERGE``). A restarted worker starts its counters from its predecessor's
   last snapshot, so totals never go backwards; what the killed worker counted after its last
   snapshot is lost. docs/performance.md compares this with prometheus_client's multiprocess mode.
+- Per-backend state: circuit breakers, bulkheads' calls in flight and endpoint ejections live in
+  tables every worker maps (``gateway.server.shared_state``): one state per backend, read at
+  every call, so a circuit opened by one worker is open in all from the next call on;
+  ``/metrics`` shows the circuit states read from the same table.
 - Cluster namespace watch: each worker runs its own list+watch (see docs/performance.md for
   the request counts that justify it).
 - A worker whose supervisor disappears (killed with SIGKILL) drains and exits by itself.
@@ -76,6 +80,7 @@ from gateway.sources.reflector import Backoff
 
 if TYPE_CHECKING:
     from gateway.server.app import Readiness
+    from gateway.server.shared_state import SharedBackendState
 
 log = structlog.get_logger("gateway.workers")
 
@@ -92,11 +97,21 @@ _WORKER_ENTRY: Final = "import sys; from gateway.server.workers import worker_ma
 # up. Each worker numbers its configuration generations itself (a restarted worker starts again at
 # 1), so the merged generation and backend counts are the highest any worker reports; the last
 # reload counts as successful only if it was on every worker.
-GAUGE_MERGE: Final[Mapping[str, Callable[[Sequence[float]], float]]] = {
+# A circuit's state is not added up: every worker reads the same shared state, and the scraping
+# worker's live reading replaces the snapshots (``_circuit_states``); the snapshots only speak for a
+# circuit that is not shared (the table was full), and then only when every worker agrees.
+
+
+def _agreed(values: Sequence[float]) -> float | None:
+    return values[0] if all(v == values[0] for v in values) else None
+
+
+GAUGE_MERGE: Final[Mapping[str, Callable[[Sequence[float]], float | None]]] = {
     PREFIX + "reviews_in_flight": sum,
     PREFIX + "backends": max,
     PREFIX + "config_generation": max,
     PREFIX + "config_last_reload_successful": min,
+    PREFIX + "backend_circuit_state": _agreed,
 }
 # Gauges that describe a live process: a dead worker's last values are dropped, not kept.
 LIVE_GAUGES: Final = frozenset({PREFIX + "reviews_in_flight"})
@@ -225,6 +240,7 @@ class MetricsSnapshot(msgspec.Struct):
     families: dict[str, list[Row]]
     connections: dict[str, int] = msgspec.field(default_factory=dict)
     inbound: int = 0  # open connections of the review listener
+    unshared_circuits: list[str] = msgspec.field(default_factory=list)  # circuits of this worker only
 
 
 _encoder: Final = msgspec.msgpack.Encoder()
@@ -241,6 +257,7 @@ def _replace(path: Path, data: bytes) -> None:
 
 def capture(metrics: Metrics) -> MetricsSnapshot:
     """The current values of every family (and the pool's open connections)."""
+    unshared = metrics.refresh_circuit_states()
     families: dict[str, list[Row]] = {}
     for family in metrics.families:
         rows: list[Row] = []
@@ -260,7 +277,7 @@ def capture(metrics: Metrics) -> MetricsSnapshot:
     if metrics.inbound_source is not None:
         with contextlib.suppress(Exception):
             inbound = metrics.inbound_source()
-    return MetricsSnapshot(os.getpid(), families, connections, inbound)
+    return MetricsSnapshot(os.getpid(), families, connections, inbound, unshared)
 
 
 def merge(into: Metrics, snapshots: Iterable[MetricsSnapshot], *, gauges: bool = True) -> None:
@@ -288,7 +305,9 @@ def merge(into: Metrics, snapshots: Iterable[MetricsSnapshot], *, gauges: bool =
                     child.value += value
     if gauges:
         for (name, labels), values in gauge_values.items():
-            families[name].labels(*labels).value = GAUGE_MERGE.get(name, sum)(values)  # type: ignore[union-attr]
+            merged = GAUGE_MERGE.get(name, sum)(values)
+            if merged is not None:
+                families[name].labels(*labels).value = merged  # type: ignore[union-attr]
 
 
 @dataclass
@@ -349,6 +368,7 @@ class WorkerObservability(Observability):
         super().__init__(**kwargs)
         self.run = run
         self.slot = slot
+        self.shared_state: SharedBackendState | None = None
 
     def metrics(self) -> tuple[bytes, str] | None:
         own = self.prometheus
@@ -363,6 +383,7 @@ class WorkerObservability(Observability):
                 reviews[slot] = _reviews(other)
         combined = Metrics()
         merge(combined, snapshots)
+        _circuit_states(combined, own, snapshots)
         connections: dict[str, int] = {}
         for snapshot in snapshots:
             for origin, count in snapshot.connections.items():
@@ -372,8 +393,26 @@ class WorkerObservability(Observability):
         combined.set_inbound_source(lambda: inbound)
         body, content_type = combined.render()
         extra = CollectorRegistry()
-        extra.register(_WorkerFamilies(self.run, reviews))
+        extra.register(_WorkerFamilies(self.run, reviews, self.shared_state))
         return body + generate_latest(extra), content_type
+
+
+def _circuit_states(combined: Metrics, own: Metrics, snapshots: Sequence[MetricsSnapshot]) -> None:
+    """``backend_circuit_state`` as every worker acts on it: the shared state, read now by this
+    worker (the snapshots can be ``DUMP_SECONDS`` old); for a circuit some worker keeps alone,
+    the merged snapshots' value (present only where all workers agree)."""
+    unshared = {name for snapshot in snapshots for name in snapshot.unshared_circuits}
+    source = own.circuit_source
+    if source is None:
+        return
+    family = combined.circuit_state
+    try:
+        rows = list(source())
+    except Exception:  # noqa: BLE001 - a broken probe must not break the whole scrape
+        return
+    for webhook, state, shared in rows:
+        if shared and webhook not in unshared:
+            family.labels(webhook).value = state
 
 
 def _reviews(snapshot: MetricsSnapshot) -> float:
@@ -381,9 +420,12 @@ def _reviews(snapshot: MetricsSnapshot) -> float:
 
 
 class _WorkerFamilies(Collector):
-    def __init__(self, run: RunDirectory, reviews: Mapping[int, float]) -> None:
+    def __init__(
+        self, run: RunDirectory, reviews: Mapping[int, float], shared: SharedBackendState | None
+    ) -> None:
         self._run = run
         self._reviews = reviews
+        self._shared = shared
 
     def collect(self) -> Iterable[Metric]:
         state = self._run.read_state()
@@ -407,7 +449,29 @@ class _WorkerFamilies(Collector):
             reviews.samples.append(
                 Sample(reviews.name + "_total", {"worker": str(slot)}, self._reviews.get(slot, 0.0))
             )
-        return [workers, ready, restarts, reviews]
+        return [workers, ready, restarts, reviews, *self._shared_state()]
+
+    def _shared_state(self) -> Iterable[Metric]:
+        slots = Metric(
+            PREFIX + "shared_state_slots",
+            "Records of the per-backend state shared by the workers, per table (circuits, in_flight, "
+            "endpoints) and state (used, free); fixed when the gateway starts.",
+            "gauge",
+        )
+        refused = Metric(
+            PREFIX + "shared_state_refused",
+            "Backends or endpoints that found their shared table full and kept a state of their own "
+            "in one worker, per table.",
+            "counter",
+        )
+        tables = self._shared.tables.values() if self._shared is not None else ()
+        for table in tables:
+            name = table.name
+            used = table.used
+            slots.samples.append(Sample(slots.name, {"table": name, "state": "used"}, used))
+            slots.samples.append(Sample(slots.name, {"table": name, "state": "free"}, table.capacity - used))
+            refused.samples.append(Sample(refused.name + "_total", {"table": name}, table.refused))
+        return [slots, refused]
 
 
 class WorkerSpec(msgspec.Struct):
@@ -472,14 +536,22 @@ async def _run_worker(
 ) -> None:
     from gateway.server.app import Readiness  # here: the supervisor does not load the server
     from gateway.server.serve import Running, serve
+    from gateway.server.shared_state import SharedBackendState
 
     readiness = Readiness()
     readiness.peers = run.flags.all_ready
+    shared = observer.shared_state = SharedBackendState(run.path, spec.workers, spec.slot)
     try:
         async with trio.open_nursery() as nursery:
 
             async def serve_then_stop(task_status: trio.TaskStatus[Running]) -> None:
-                await serve(options, observer=observer, readiness=readiness, task_status=task_status)
+                await serve(
+                    options,
+                    observer=observer,
+                    readiness=readiness,
+                    shared_state=shared,
+                    task_status=task_status,
+                )
                 nursery.cancel_scope.cancel()
 
             running: Running = await nursery.start(serve_then_stop)
@@ -501,6 +573,7 @@ async def _run_worker(
             shutil.rmtree(run.path, ignore_errors=True)  # nobody else will remove it
         elif observer.prometheus is not None:
             run.write_snapshot(spec.slot, _encoder.encode(capture(observer.prometheus)))
+        shared.close()
 
 
 async def _publish_readiness(readiness: Readiness, flags: ReadyFlags, slot: int) -> None:

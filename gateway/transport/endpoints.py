@@ -15,6 +15,12 @@ endpoint data for a service (no cluster access, not yet synced, no ready endpoin
 returned unchanged: today's DNS behaviour.
 
 No I/O: fed by ``gateway.sources.endpointslices`` through ``update``; the clock is injected.
+
+Where ejection state lives: each endpoint's consecutive connection failures, ejection count and
+ejection end are one ``EjectionWord`` in a ``Cell`` (``gateway.resilience.cells``). With
+``--workers N`` the router gets a ``CellStore`` shared by every worker (``gateway.server
+.shared_state``): failures from every worker count towards one ejection, and a pod ejected by one
+worker gets no call from any. Calls outstanding (the load-balancing signal) stay per worker.
 """
 
 from __future__ import annotations
@@ -23,11 +29,14 @@ import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Final, Protocol, TypedDict, Unpack
+from typing import Final, NamedTuple, Protocol, TypedDict, Unpack
 
+from gateway.resilience.cells import Cell, CellStore, LocalCell
 from gateway.transport.resolve import Target
 
 Clock = Callable[[], float]
+
+ServiceKey = tuple[str, str, int]  # (namespace, name, service port)
 
 DEFAULT_EJECT_AFTER: Final = 3
 DEFAULT_EJECT_SECONDS: Final = 30.0
@@ -47,21 +56,56 @@ class EndpointInfo(Protocol):
     def terminating(self) -> bool: ...
 
 
-@dataclass(slots=True, eq=False)
-class EndpointState:
-    """The picker's view of one endpoint."""
+class EjectionWord(NamedTuple):
+    """An endpoint's outlier-detection state, as its cell stores it (replaced whole)."""
 
-    address: str
-    port: int
-    ready: bool = True
-    terminating: bool = False
-    outstanding: int = 0
-    connect_failures: int = 0
-    ejections: int = 0
-    ejected_until: float = 0.0
+    connect_failures: int = 0  # consecutive, since the last call that connected
+    ejections: int = 0  # times ejected so far (each ejection lasts longer)
+    ejected_until: float = 0.0  # clock seconds
+
+
+HEALTHY: Final = EjectionWord()
+
+
+class EndpointState:
+    """The picker's view of one endpoint: readiness from the slices, calls outstanding from this
+    process, ejection state from its cell."""
+
+    __slots__ = ("address", "cell", "outstanding", "port", "ready", "terminating")
+
+    def __init__(
+        self,
+        address: str,
+        port: int,
+        ready: bool = True,
+        terminating: bool = False,
+        cell: Cell[EjectionWord] | None = None,
+    ) -> None:
+        self.address = address
+        self.port = port
+        self.ready = ready
+        self.terminating = terminating
+        self.outstanding = 0
+        self.cell: Cell[EjectionWord] = cell if cell is not None else LocalCell(HEALTHY)
+
+    @property
+    def connect_failures(self) -> int:
+        return self.cell.read().connect_failures
+
+    @property
+    def ejections(self) -> int:
+        return self.cell.read().ejections
+
+    @property
+    def ejected_until(self) -> float:
+        return self.cell.read().ejected_until
+
+    @ejected_until.setter
+    def ejected_until(self, until: float) -> None:
+        self.cell.update(lambda word: (word._replace(ejected_until=until), None))
 
     def eligible(self, now: float) -> bool:
-        return self.ready and not self.terminating and self.ejected_until <= now
+        return self.ready and not self.terminating and self.cell.read().ejected_until <= now
 
 
 @dataclass(slots=True, eq=False)
@@ -74,7 +118,11 @@ class Lease:
 
 
 class EndpointPicker:
-    """The endpoints of one service and the choice among them. Not thread-safe."""
+    """The endpoints of one service and the choice among them. Not thread-safe.
+
+    ``cells`` and ``service``: where the ejection state of this service's endpoints is shared
+    (under the key ``(*service, address, port)``); without them it is this process's own.
+    """
 
     def __init__(
         self,
@@ -83,11 +131,15 @@ class EndpointPicker:
         rng: random.Random | None = None,
         eject_after: int = DEFAULT_EJECT_AFTER,
         eject_seconds: float = DEFAULT_EJECT_SECONDS,
+        cells: CellStore[EjectionWord] | None = None,
+        service: ServiceKey | None = None,
     ) -> None:
         self._clock = clock
         self._rng = rng or random.Random()  # noqa: S311 - load balancing, not security
         self.eject_after = eject_after
         self.eject_seconds = eject_seconds
+        self._cells = cells
+        self._service: tuple[str | int, ...] = service or ()
         self.endpoints: dict[tuple[str, int], EndpointState] = {}
 
     def update(self, endpoints: Iterable[EndpointInfo]) -> None:
@@ -95,11 +147,26 @@ class EndpointPicker:
         fresh: dict[tuple[str, int], EndpointState] = {}
         for e in endpoints:
             key = (e.address, e.port)
-            state = self.endpoints.get(key) or fresh.get(key) or EndpointState(e.address, e.port)
+            state = self.endpoints.get(key) or fresh.get(key)
+            if state is None:
+                cell = self._cells.attach((*self._service, *key)) if self._cells is not None else None
+                state = EndpointState(e.address, e.port, cell=cell)
             state.ready = e.ready
             state.terminating = e.terminating
             fresh[key] = state
+        gone = [key for key in self.endpoints if key not in fresh]
         self.endpoints = fresh
+        self._release(gone)
+
+    def close(self) -> None:
+        """The service is no longer balanced here: release its endpoints' shared state."""
+        gone, self.endpoints = list(self.endpoints), {}
+        self._release(gone)
+
+    def _release(self, keys: Iterable[tuple[str, int]]) -> None:
+        if self._cells is not None:
+            for key in keys:
+                self._cells.release((*self._service, *key))
 
     def pick(self) -> EndpointState | None:
         """An endpoint for the next call, or None when none is ready (use DNS)."""
@@ -121,26 +188,32 @@ class EndpointPicker:
     def finished(self, endpoint: EndpointState, *, connect_failed: bool) -> None:
         """A call ended; ``connect_failed`` when no connection could be made to the endpoint."""
         endpoint.outstanding -= 1
-        if not connect_failed:
-            endpoint.connect_failures = 0
-            return
-        endpoint.connect_failures += 1
-        if endpoint.connect_failures >= self.eject_after:
-            endpoint.ejections += 1
-            endpoint.connect_failures = 0
-            seconds = min(self.eject_seconds * endpoint.ejections, MAX_EJECT_SECONDS)
-            endpoint.ejected_until = self._clock() + seconds
+        if connect_failed:
+            endpoint.cell.update(partial(self._connect_failed, self._clock()))
+        elif endpoint.cell.read().connect_failures:  # the hot path: a read, no write
+            endpoint.cell.update(_connected)
+
+    def _connect_failed(self, now: float, word: EjectionWord) -> tuple[EjectionWord, None]:
+        failures = word.connect_failures + 1
+        if failures < self.eject_after:
+            return word._replace(connect_failures=failures), None
+        ejections = word.ejections + 1
+        seconds = min(self.eject_seconds * ejections, MAX_EJECT_SECONDS)
+        return EjectionWord(0, ejections, now + seconds), None
 
 
-ServiceKey = tuple[str, str, int]  # (namespace, name, service port)
+def _connected(word: EjectionWord) -> tuple[EjectionWord, None]:
+    return word._replace(connect_failures=0), None
 
 
 class PickerSettings(TypedDict, total=False):
-    """How every service's picker chooses and ejects (``EndpointPicker``'s keywords)."""
+    """How every service's picker chooses and ejects (``EndpointPicker``'s keywords); ``cells``:
+    where the endpoints' ejection state is shared with other processes (``--workers``)."""
 
     rng: random.Random | None
     eject_after: int
     eject_seconds: float
+    cells: CellStore[EjectionWord] | None
 
 
 class EndpointRouter:
@@ -157,11 +230,13 @@ class EndpointRouter:
         """New endpoint data for a service port; ``None`` forgets it (back to DNS)."""
         key = service
         if endpoints is None:
-            self.pickers.pop(key, None)
+            gone = self.pickers.pop(key, None)
+            if gone is not None:
+                gone.close()
             return
         picker = self.pickers.get(key)
         if picker is None:
-            picker = self.pickers[key] = self._new_picker()
+            picker = self.pickers[key] = self._new_picker(service=key)
         picker.update(endpoints)
 
     def route(self, service: ServiceKey, target: Target) -> Lease | None:
