@@ -17,12 +17,23 @@ descriptors and RSS at the end of the phase (``during``: the highest seen). Atta
   a WINDOW_UPDATE;
 - ``h2-settings-flood``: HTTP/2 connections sending large SETTINGS frames without reading the ACKs.
 
+``stalled`` runs differently, against the gateway over TLS as it is deployed: waves of
+``--stalled`` connections (default 10,000) that send nothing or half a ClientHello, opened as fast
+as possible, held for ``--duration`` seconds and closed, while the well-behaved clients (over TLS,
+keep-alive) run throughout. The gateway gets the shipped Deployment's memory limit
+(``deploy/base/deployment.yaml``, ``limits.memory``) with ``--memory-limit``, since this process
+runs in no such cgroup; its connection bounds derive from it. Per wave it reports the peak RSS
+(and its share of the limit), the RSS two seconds after the wave (and its ratio to the start),
+the connections the gateway evicted or timed out before their handshake, and the well-behaved
+clients' p50/p99 and errors.
+
 docs/performance.md shows a run's table (docs/inbound.md explains the limits that hold the line).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import struct
@@ -37,7 +48,7 @@ from pathlib import Path
 import trio
 
 from loadtests import processes
-from loadtests.client import ConnectionLostError, Endpoint, Http1Connection
+from loadtests.client import ConnectionLostError, Endpoint, Http1Connection, client_context
 from loadtests.scenarios import build, write_configs
 from loadtests.stats import percentile
 
@@ -46,6 +57,7 @@ ATTACKS = {
     "churn": "connections opened, used once or not at all, and closed, back to back",
     "h2-zero-window": "HTTP/2 reviews whose replies the client never lets through (window 0)",
     "h2-settings-flood": "HTTP/2 connections sending large SETTINGS frames, never reading the ACKs",
+    "stalled": "waves of TLS connections sending nothing or half a ClientHello (--stalled, --waves)",
 }
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -313,6 +325,229 @@ async def run(
                 return phases
 
 
+# --- stalled connections in waves (issue 31: memory bounded by the pod's limit) ------------------------
+
+
+@dataclass
+class Wave:
+    wave: int
+    stalled: int  # connections opened by the attacker in this wave
+    peak_rss_mb: float
+    limit_share: float  # peak RSS / memory limit
+    after_rss_mb: float  # two seconds after the wave's connections closed
+    after_ratio: float  # after / the RSS before the first wave
+    cut: int  # connections the gateway reset before their handshake (evicted or timed out)
+    ok: int
+    errors: int
+    p50_ms: float
+    p99_ms: float
+
+
+def shipped_memory_limit(deployment: Path | None = None) -> str:
+    """``limits.memory`` of the gateway container in deploy/base/deployment.yaml (e.g. ``256Mi``)."""
+    import yaml
+
+    path = deployment or Path(__file__).resolve().parent.parent / "deploy" / "base" / "deployment.yaml"
+    doc = yaml.safe_load(path.read_text())
+    for container in doc["spec"]["template"]["spec"]["containers"]:
+        if container["name"] == "gateway":
+            return str(container["resources"]["limits"]["memory"])
+    raise RuntimeError(f"{path}: no gateway container")
+
+
+def _client_hello() -> bytes:
+    import ssl
+
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    client = context.wrap_bio(incoming, outgoing, server_hostname="localhost")
+    with contextlib.suppress(ssl.SSLWantReadError):
+        client.do_handshake()
+    return outgoing.read()
+
+
+async def _metric(endpoint: Endpoint, prefix: str) -> float:
+    """The sum of the gateway's samples whose line starts with ``prefix`` (its /metrics)."""
+    total = 0.0
+    try:
+        conn = await Http1Connection.open(endpoint)
+        try:
+            with trio.fail_after(5):
+                _, body = await conn.request(b"/metrics", b"", method=b"GET")
+        finally:
+            await conn.aclose()
+    except (OSError, ConnectionLostError, trio.TooSlowError, trio.BrokenResourceError):
+        return -1.0
+    for line in body.decode().splitlines():
+        if line.startswith(prefix):
+            total += float(line.split()[-1])
+    return total
+
+
+async def _stall_wave(host: str, port: int, count: int, hello: bytes) -> list[trio.socket.SocketType]:
+    """Open ``count`` connections as fast as the kernel takes them; half send half a ClientHello."""
+    held: list[trio.socket.SocketType] = []
+    half = hello[: len(hello) // 2]
+    for i in range(count):
+        sock = trio.socket.socket()
+        try:
+            await sock.connect((host, port))
+            if i % 2:
+                await sock.send(half)
+        except OSError:
+            sock.close()
+            continue
+        held.append(sock)
+    return held
+
+
+async def run_stalled(
+    *, stalled: int, waves: int, seconds: float, clients: int, memory_limit: str, gateway_args: list[str]
+) -> tuple[float, float, list[Wave]]:
+    """The waves; returns (the limit in MB, the RSS before the first wave in MB, one row per wave)."""
+    import resource
+
+    from gateway.server.memory import parse_size
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    stalled = min(stalled, hard - clients - 256)  # what this process can hold open
+    limit_mb = parse_size(memory_limit) / (1 << 20)
+    with tempfile.TemporaryDirectory(prefix="abuse-") as tmp:
+        directory = Path(tmp)
+        certs = processes.Certs.create(directory)
+        with processes.managed(processes.spawn_fleet(1, None)) as fleet:
+            port = (await processes.fleet_ports(fleet))[0]
+            scenario = build("passthrough")
+            urls = {b.name: f"http://127.0.0.1:{port}/allow" for b in scenario.backends}
+            write_configs(scenario, urls, None, directory / "config")
+            gw_port = processes.free_port()
+            args = [
+                "--log-level",
+                "warning",
+                "--no-review-log",
+                "--memory-limit",
+                memory_limit,
+                *gateway_args,
+            ]
+            gateway = processes.spawn_gateway(
+                directory / "config", gw_port, certs, directory / "gateway.log", args
+            )
+            with processes.managed(gateway) as proc:
+                context = client_context(certs.ca_pem, "http1")
+                endpoint, _ = Endpoint.parse(f"https://127.0.0.1:{gw_port}/", context)
+                await processes.wait_ready(endpoint, proc)
+                await trio.sleep(1.0)
+                pid = proc.pid
+                start = _rss_mb(pid)
+                hello = _client_hello()
+                # The well-behaved clients alone first: the row the waves compare with.
+                alone, errors = await _well_behaved(endpoint, clients, seconds)
+                alone.sort()
+                baseline = Wave(
+                    0, 0, _rss_mb(pid), _rss_mb(pid) / limit_mb, _rss_mb(pid), _rss_mb(pid) / start, 0,
+                    len(alone), errors, percentile(alone, 50) * 1000, percentile(alone, 99) * 1000,
+                )  # fmt: skip
+                rows = [baseline] + [
+                    await _wave(
+                        n + 1,
+                        endpoint,
+                        pid=pid,
+                        stalled=stalled,
+                        seconds=seconds,
+                        clients=clients,
+                        hello=hello,
+                        limit_mb=limit_mb,
+                        start=start,
+                    )
+                    for n in range(waves)
+                ]
+                if proc.poll() is not None:
+                    raise RuntimeError(f"the gateway exited with {proc.returncode} during the run")
+                return limit_mb, start, rows
+
+
+_CUT = 'webhook_gateway_inbound_connections_closed_total{reason="handshake_'
+
+
+async def _wave(
+    wave: int,
+    endpoint: Endpoint,
+    *,
+    pid: int,
+    stalled: int,
+    seconds: float,
+    clients: int,
+    hello: bytes,
+    limit_mb: float,
+    start: float,
+) -> Wave:
+    """One wave: stalled connections held ``seconds`` and closed, well-behaved load throughout."""
+    cut_before = await _metric(endpoint, _CUT)
+    peak = 0.0
+    result: list[tuple[list[float], int]] = []
+    done = trio.Event()
+
+    async def sample() -> None:
+        nonlocal peak
+        while True:
+            peak = max(peak, _rss_mb(pid))
+            await trio.sleep(0.05)
+
+    async def load() -> None:
+        result.append(await _well_behaved(endpoint, clients, seconds + 4.0))
+        done.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(sample)
+        nursery.start_soon(load)
+        held = await _stall_wave(endpoint.host, endpoint.port, stalled, hello)
+        await trio.sleep(seconds)
+        for sock in held:
+            sock.close()
+        await trio.sleep(2.0)
+        after = _rss_mb(pid)
+        await done.wait()
+        nursery.cancel_scope.cancel()
+    latencies, errors = result[0]
+    latencies.sort()
+    cut = await _metric(endpoint, _CUT) - cut_before
+    return Wave(
+        wave,
+        len(held),
+        peak,
+        peak / limit_mb,
+        after,
+        after / start,
+        int(cut),
+        len(latencies),
+        errors,
+        percentile(latencies, 50) * 1000 if latencies else float("nan"),
+        percentile(latencies, 99) * 1000 if latencies else float("nan"),
+    )
+
+
+def stalled_table(limit_mb: float, start: float, rows: list[Wave]) -> str:
+    lines = [
+        f"memory limit {limit_mb:.0f} MB (80 %: {limit_mb * 0.8:.0f} MB); "
+        f"RSS before the first wave {start:.0f} MB",
+        "",
+        "| wave | stalled connections | peak RSS MB | peak / limit | RSS after MB | after / start "
+        "| cut before handshake | well-behaved ok | errors | p50 ms | p99 ms |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {r.wave or 'none (well-behaved alone)'} | {r.stalled} | {r.peak_rss_mb:.0f} "
+        f"| {r.limit_share:.0%} | {r.after_rss_mb:.0f} "
+        f"| {r.after_ratio:.2f} | {r.cut} | {r.ok} | {r.errors} | {r.p50_ms:.1f} | {r.p99_ms:.1f} |"
+        for r in rows
+    ]
+    return "\n".join(lines)
+
+
 def table(attack: str, phases: list[Phase]) -> str:
     rows = [
         f"| {attack} | {p.name} | {p.ok} | {p.errors} | {p.p50_ms:.1f} | {p.p99_ms:.1f} "
@@ -344,12 +579,40 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="1 s phases, few attackers; exit 1 on errors")
     p.add_argument("--json", type=Path, help="also write the phases as JSON here")
     p.add_argument("--gateway-arg", action="append", default=[], help="extra gateway option (repeatable)")
+    p.add_argument(
+        "--stalled", type=int, default=10_000, help="stalled: connections per wave (default 10000)"
+    )
+    p.add_argument("--waves", type=int, default=3, help="stalled: waves (default 3)")
+    p.add_argument(
+        "--memory-limit",
+        help="stalled: the gateway's --memory-limit (default: limits.memory of deploy/base/deployment.yaml)",
+    )
     opts = p.parse_args(argv)
     seconds = 1.0 if opts.quick else opts.duration
     attackers = opts.attackers or (4 if opts.quick else None)
     results: dict[str, list[Phase]] = {}
-    print(HEADER)
     failed = False
+    if "stalled" in opts.attack:
+        limit = opts.memory_limit or shipped_memory_limit()
+        limit_mb, start, waves = trio.run(
+            partial(
+                run_stalled,
+                stalled=300 if opts.quick else opts.stalled,
+                waves=1 if opts.quick else opts.waves,
+                seconds=seconds,
+                clients=opts.clients,
+                memory_limit=limit,
+                gateway_args=opts.gateway_arg,
+            )
+        )
+        print(stalled_table(limit_mb, start, waves), flush=True)
+        failed |= any(w.errors or not w.ok or w.limit_share > 0.8 or w.after_ratio > 1.10 for w in waves)
+        if opts.json:
+            opts.json.write_text(json.dumps({"stalled": [asdict(w) for w in waves]}, indent=2))
+        opts.attack = [a for a in opts.attack if a != "stalled"]
+        if not opts.attack:
+            return 1 if failed else 0
+    print(HEADER)
     for attack in opts.attack:
         phases = trio.run(
             partial(

@@ -13,6 +13,7 @@ import os
 import resource
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ import h2.errors
 import h2.events
 import pytest
 import trio
+import trustme
 
 from gateway.devtools.backends import serve_backend
 from tests.support.gateway import review
@@ -269,7 +271,15 @@ async def test_connections_beyond_the_bound_are_refused_and_counted(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
     """--max-inbound-connections: one more connection is closed at once; the open ones keep working."""
-    gw = await start(nursery, tmp_path, await _answering_backend(nursery), "--max-inbound-connections", "2")
+    gw = await start(
+        nursery,
+        tmp_path,
+        await _answering_backend(nursery),
+        "--max-inbound-connections",
+        "2",
+        "--max-pending-connections",
+        "2",  # the kept connections stay silent (pending) until they are used
+    )
     kept = [await trio.open_tcp_stream("127.0.0.1", gw.port) for _ in range(2)]
     assert await _eventually(lambda: gw.open_connections == 2)
     try:
@@ -899,27 +909,103 @@ async def test_many_client_closed_connections_are_released_together(
     assert await _well_behaved(gw) == 200
 
 
-async def test_tls_handshake_that_never_completes_is_cut_at_the_header_deadline(
-    nursery: trio.Nursery, tmp_path: Path
-) -> None:
-    """TLS: a client that connects and never finishes its handshake is closed at --header-read-timeout."""
-    import trustme
-
+async def _tls_gateway(nursery: trio.Nursery, tmp_path: Path, *args: str) -> tuple[Gateway, ssl.SSLContext]:
+    """The gateway over TLS with ``args``, and a client context (ALPN http/1.1) that trusts it."""
     ca = trustme.CA()
     ca.issue_cert("localhost").private_key_and_cert_chain_pem.write_to_path(tmp_path / "tls.pem")
     pem = str(tmp_path / "tls.pem")
     gw = await start(
-        nursery,
-        tmp_path,
-        await _answering_backend(nursery),
-        "--certfile",
-        pem,
-        "--keyfile",
-        pem,
-        "--header-read-timeout",
-        "0.5",
+        nursery, tmp_path, await _answering_backend(nursery), "--certfile", pem, "--keyfile", pem, *args
     )
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    context.set_alpn_protocols(["http/1.1"])
+    return gw, context
+
+
+async def _tls_review(gw: Gateway, context: ssl.SSLContext) -> int:
+    """One review on a new TLS connection; its status code."""
+    stream = trio.SSLStream(
+        await trio.open_tcp_stream("127.0.0.1", gw.port), context, server_hostname="localhost"
+    )
+    with trio.fail_after(10):
+        await stream.send_all(review_request())
+        reply = await read_response(stream)  # type: ignore[arg-type]
+    await trio.aclose_forcefully(stream)
+    return int(reply.split(b" ", 2)[1]) if reply else 0
+
+
+HANDSHAKE_DEADLINE_CASES = [
+    pytest.param(
+        b"",
+        ["--handshake-timeout", "0.5"],
+        "handshake_timeout",
+        id="a TLS connection that sends nothing is reset at --handshake-timeout",
+    ),
+    pytest.param(
+        b"\x16\x03\x01\x02\x00\x01",
+        ["--handshake-timeout", "0.5"],
+        "handshake_timeout",
+        id="a TLS connection that sends the start of a ClientHello and nothing more is reset at --handshake-timeout",
+    ),
+    pytest.param(
+        b"\x16\x03\x01\x02\x00\x01",
+        ["--header-read-timeout", "0.5"],
+        "header_timeout",
+        id="... or at --header-read-timeout when that is shorter (the first request's head counts from accept)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("sent", "args", "reason"), HANDSHAKE_DEADLINE_CASES)
+async def test_tls_handshake_that_never_completes_is_cut(
+    nursery: trio.Nursery, tmp_path: Path, sent: bytes, args: list[str], reason: str
+) -> None:
+    gw, context = await _tls_gateway(nursery, tmp_path, *args)
     stream = await trio.open_tcp_stream("127.0.0.1", gw.port)
-    await stream.send_all(b"\x16\x03\x01\x02\x00\x01")  # the start of a ClientHello, and nothing more
+    await stream.send_all(sent)
     assert await closed_by_peer(stream, within=5.0)
-    assert gw.counter("inbound_closed", "header_timeout") == 1
+    assert gw.counter("inbound_closed", reason) == 1
+    assert await _eventually(lambda: gw.open_connections == 0)
+    assert await _tls_review(gw, context) == 200
+
+
+async def test_the_oldest_pending_connection_makes_room_for_a_new_one(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """--max-pending-connections: with the bound full of stalled TLS connections, a new connection
+    resets the oldest pending one (counted handshake_evicted) instead of being refused, so a
+    well-behaved caller's handshake still gets through while stalled connections keep arriving."""
+    gw, context = await _tls_gateway(
+        nursery, tmp_path, "--max-pending-connections", "5", "--handshake-timeout", "60"
+    )
+    hello_start = b"\x16\x03\x01\x02\x00\x01"
+    stalled = []
+    for _ in range(5):
+        stalled.append(await trio.open_tcp_stream("127.0.0.1", gw.port))
+        await stalled[-1].send_all(hello_start)
+    assert await _eventually(lambda: gw.open_connections == 5)
+    newest = await trio.open_tcp_stream("127.0.0.1", gw.port)
+    assert await closed_by_peer(stalled[0], within=3.0)  # the oldest is reset
+    assert gw.counter("inbound_closed", "handshake_evicted") == 1
+    assert gw.open_connections == 5
+    for stream in stalled[1:]:
+        assert not await closed_by_peer(stream, within=0.05)
+    assert gw.counter("inbound_rejected", "limit") == 0
+
+    async def keep_stalling() -> None:
+        while True:
+            with contextlib.suppress(OSError):
+                stream = await trio.open_tcp_stream("127.0.0.1", gw.port)
+                await stream.send_all(hello_start)
+                stalled.append(stream)
+            await trio.sleep(0.01)
+
+    nursery.start_soon(keep_stalling)
+    assert await _eventually(lambda: gw.counter("inbound_closed", "handshake_evicted") >= 20)
+    evicted = gw.counter("inbound_closed", "handshake_evicted")
+    for _ in range(5):
+        assert await _tls_review(gw, context) == 200
+    assert gw.counter("inbound_closed", "handshake_evicted") > evicted  # the flood went on meanwhile
+    assert gw.counter("inbound_rejected", "limit") == 0
+    await newest.aclose()

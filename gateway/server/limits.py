@@ -6,7 +6,9 @@ the admission path away from everybody else:
 
 - deadlines for reading a request head, a request body, and for an idle keep-alive connection;
 - a write deadline for a response the client does not take (TCP or HTTP/2 flow control);
-- a bound on open inbound connections, derived from the file-descriptor limit;
+- a bound on open inbound connections, derived from the memory the process may use and from the
+  file-descriptor limit (``connection_bounds``), and a smaller one, with its own deadline, on
+  connections that have not finished their TLS handshake;
 - a per-connection budget for HTTP/2 control frames (``ControlFrameBudget``).
 
 ``InboundRuntime`` is the shared state of one listener: the open connections, draining/terminating,
@@ -34,10 +36,24 @@ DEFAULT_HEADER_TIMEOUT: Final = 10.0
 DEFAULT_BODY_TIMEOUT: Final = 10.0
 DEFAULT_IDLE_TIMEOUT: Final = 120.0
 DEFAULT_WRITE_TIMEOUT: Final = 10.0
+DEFAULT_HANDSHAKE_TIMEOUT: Final = 5.0
 DEFAULT_FD_RESERVE: Final = 512
-# The derived connection bound never exceeds this: an open connection costs tens of KiB in the
-# server, and kube-apiserver needs a few connections per replica (hundreds over HTTP/1.1).
-MAX_DERIVED_CONNECTIONS: Final = 4096
+
+# What connections may cost (docs/inbound.md, "Memory"; measured by `python -m loadtests.abuse
+# stalled` and tests/test_server_memory.py): the bounds keep the process under MEMORY_TARGET of its
+# memory limit with every connection at its most expensive, giving connections CONNECTION_SHARE of
+# what is left after start-up (the rest is for the reviews in flight: bodies, decoded objects,
+# backend connections).
+MEMORY_TARGET: Final = 0.8
+CONNECTION_SHARE: Final = 0.5
+# An established TLS connection at its most expensive: OpenSSL's state with both record buffers, a
+# request head of 15 KB half read, its protocol and tasks (measured 43 KB; idle 15-21 KB).
+CONNECTION_COST: Final = 64 * 1024
+# A connection in its TLS handshake (ClientHello in, the client's Finished awaited): measured 44 KB.
+# Before its ClientHello is whole it costs ~4 KB (its socket and one task).
+HANDSHAKE_COST: Final = 48 * 1024
+# Connections in their handshake may use at most this share of the connections' memory.
+PENDING_SHARE: Final = 0.25
 
 # HTTP/2 control frames (docs/inbound.md): like nghttp2's "glitch" rate limit, a bucket of 1,000
 # frames refilled at 100 per second; and at most 32 entries in one SETTINGS frame (nghttp2's bound).
@@ -53,6 +69,8 @@ CLOSE_REASONS: Final = (
     "write_timeout",
     "h2_flood",
     "stream_limit",
+    "handshake_timeout",
+    "handshake_evicted",
     "shutdown",
 )
 REJECT_REASONS: Final = ("limit", "accept_error")
@@ -70,7 +88,9 @@ class InboundLimits:
     body_timeout: float = DEFAULT_BODY_TIMEOUT
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT
     write_timeout: float = DEFAULT_WRITE_TIMEOUT
-    max_connections: int = 0  # 0: derived from RLIMIT_NOFILE (``connection_bound``)
+    max_connections: int = 0  # 0: derived from memory and RLIMIT_NOFILE (``connection_bounds``)
+    max_pending: int = 0  # connections not established yet; 0: derived (``connection_bounds``)
+    handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT
     h2_control_burst: int = DEFAULT_H2_CONTROL_BURST
     h2_control_rate: float = DEFAULT_H2_CONTROL_RATE
     h2_max_settings: int = DEFAULT_H2_MAX_SETTINGS
@@ -88,15 +108,48 @@ def raise_nofile_limit() -> int:
     return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
-def connection_bound(configured: int, *, nofile: int, reserve: int = DEFAULT_FD_RESERVE) -> int:
-    """The inbound connection bound: ``configured``, or the fd limit minus a reserve (at most 4,096).
+@dataclass(frozen=True, slots=True)
+class ConnectionBounds:
+    """How many inbound connections one gateway process may hold, and what decided it."""
 
-    The reserve keeps descriptors for the backend connection pools, configuration and certificate
-    files and the listeners; with a small fd limit at most half of it goes to the reserve.
+    connections: int  # open connections, pending ones included
+    pending: int  # connections that have not finished their TLS handshake
+    fds: int  # the bound the file-descriptor limit allows
+    memory: int | None  # the bound memory allows (None: not derived from memory)
+
+
+def connection_bounds(
+    limits: InboundLimits,
+    *,
+    nofile: int,
+    reserve: int = DEFAULT_FD_RESERVE,
+    memory_limit: int | None,
+    resident: int,
+    processes: int = 1,
+) -> ConnectionBounds:
+    """The inbound connection bounds: configured ones, else derived from descriptors and memory.
+
+    Descriptors: the fd limit minus a reserve for the backend connection pools, configuration and
+    certificate files and the listeners (with a small fd limit at most half of it goes to the
+    reserve). Memory: ``memory_limit`` (the cgroup's, shared by ``processes`` gateway processes)
+    times ``MEMORY_TARGET``, minus what this process holds already (``resident``), of which
+    connections get ``CONNECTION_SHARE``: as many as fit at ``CONNECTION_COST`` each, and of those
+    as many pending ones as fit in ``PENDING_SHARE`` of it at ``HANDSHAKE_COST`` each. The pending
+    bound is at most a quarter of the connection bound.
     """
-    if configured > 0:
-        return configured
-    return max(1, min(MAX_DERIVED_CONNECTIONS, nofile - min(reserve, nofile // 2)))
+    fds = max(1, nofile - min(reserve, nofile // 2))
+    memory = pending_memory = None
+    if memory_limit is not None:
+        usable = max(0.0, memory_limit * MEMORY_TARGET / max(1, processes) - resident) * CONNECTION_SHARE
+        memory = max(1, int(usable / CONNECTION_COST))
+        pending_memory = max(1, int(usable * PENDING_SHARE / HANDSHAKE_COST))
+    connections = limits.max_connections if limits.max_connections > 0 else min(fds, memory or fds)
+    pending = limits.max_pending
+    if pending <= 0:
+        pending = max(1, connections // 4)
+        if pending_memory is not None:
+            pending = min(pending, pending_memory)
+    return ConnectionBounds(connections, min(pending, connections), fds, memory)
 
 
 class InboundEvents(Protocol):
@@ -133,9 +186,14 @@ class InboundRuntime:
     limits: InboundLimits = field(default_factory=InboundLimits)
     events: InboundEvents = field(default_factory=NullEvents)
     max_connections: int = 1 << 20
+    max_pending: int = 1 << 20  # connections not established yet (``PendingConnection``)
     draining: bool = False
     terminating: bool = False
     connections: set[Any] = field(default_factory=set)
+    # Not established yet (TLS handshake under way), oldest first: the first to go when full.
+    pending: dict[Any, None] = field(default_factory=dict)
+    # Called with the number of open connections when one closes (``memory.HeapTrimmer``).
+    on_closed: Callable[[int], object] | None = None
     # Requests whose app has been started and not yet ended, on every connection of the listener:
     # zero means the gateway is otherwise idle (the HTTP/1.1 protocol runs the next app inline then).
     requests_in_flight: int = 0
@@ -144,14 +202,32 @@ class InboundRuntime:
 
     @property
     def open_connections(self) -> int:
-        return len(self.connections)
+        return len(self.connections) + len(self.pending)
 
     def admit(self) -> bool:
         """True if one more connection may open; otherwise it is counted as rejected."""
-        if len(self.connections) < self.max_connections:
+        if len(self.connections) + len(self.pending) < self.max_connections:
             return True
         self.events.connection_rejected("limit")
         return False
+
+    def begin_pending(self, connection: Any) -> Any:
+        """Register a connection that is not established yet; the oldest one to evict, if full."""
+        evicted = None
+        if len(self.pending) >= self.max_pending:
+            evicted = next(iter(self.pending))
+            del self.pending[evicted]
+        self.pending[connection] = None
+        return evicted
+
+    def end_pending(self, connection: Any) -> None:
+        """It is established (and registers in ``connections``), or gone."""
+        self.pending.pop(connection, None)
+
+    def closed(self) -> None:
+        """An established connection has closed."""
+        if self.on_closed is not None:
+            self.on_closed(len(self.connections) + len(self.pending))
 
     def start_draining(self) -> None:
         """Keep serving, but tell callers to move away (Connection: close / GOAWAY)."""
@@ -162,7 +238,7 @@ class InboundRuntime:
     def terminate(self) -> None:
         """Stop: idle connections close at once, busy ones once their requests are answered."""
         self.draining = self.terminating = True
-        for connection in list(self.connections):
+        for connection in [*self.connections, *self.pending]:
             connection.poke()
 
     def accept_failed(self, exc: OSError, *, now: Callable[[], float] = time.monotonic) -> None:

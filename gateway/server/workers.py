@@ -479,7 +479,14 @@ async def _run_worker(
         async with trio.open_nursery() as nursery:
 
             async def serve_then_stop(task_status: trio.TaskStatus[Running]) -> None:
-                await serve(options, observer=observer, readiness=readiness, task_status=task_status)
+                await serve(
+                    # The workers share the pod's memory limit (the connection bounds: docs/inbound.md).
+                    options,
+                    observer=observer,
+                    readiness=readiness,
+                    processes=spec.workers,
+                    task_status=task_status,
+                )
                 nursery.cancel_scope.cancel()
 
             running: Running = await nursery.start(serve_then_stop)

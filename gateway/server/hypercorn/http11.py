@@ -95,6 +95,10 @@ class GatewayH11Protocol(H11Protocol):
     _exchange: _FastExchange | None = None
     _gone = False  # a fast exchange closed the connection
 
+    def release(self) -> None:
+        """The connection has closed: drop what refers back to it (``GatewayTCPServer._release``)."""
+        self.send = self.task_group = self.stream = self._exchange = None  # type: ignore[assignment]
+
     async def handle(self, event: Any) -> None:
         if type(event) is RawData:
             if self._gone:  # the connection is closing: what the client still sends is not read

@@ -105,6 +105,7 @@ class GuardedH2Protocol(H2Protocol):
         connection = _ServerConnection(config=self.connection.config)
         connection.DEFAULT_MAX_INBOUND_FRAME_SIZE = self.connection.DEFAULT_MAX_INBOUND_FRAME_SIZE
         connection.local_settings = self.connection.local_settings
+        self.connection._frame_dispatch_table.clear()  # freed now, not by the cyclic GC (release)
         self.connection = connection
         events = runtime_of(self.config).events
         connection.on_refused = lambda: events.connection_closed("stream_limit")
@@ -117,6 +118,13 @@ class GuardedH2Protocol(H2Protocol):
         )
         self._sent = trio.lowlevel.ParkingLot()
         self.flooded = False
+
+    def release(self) -> None:
+        """The connection has closed: drop what refers back to it (``GatewayTCPServer._release``)."""
+        self.send = self.task_group = None  # type: ignore[assignment]
+        self.streams.clear()
+        self.stream_buffers.clear()
+        self.connection._frame_dispatch_table.clear()  # h2's only cycle: its own bound methods
 
     async def handle(self, event: Any) -> None:
         if (
