@@ -19,6 +19,7 @@ import base64
 import json
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -99,7 +100,12 @@ def backend_configurations(backends: Backends) -> list[dict[str, Any]]:
             "locked.e2e.example.com", backends, "/deny/403/namespace%20is%20locked", ["pods"],
             namespaceSelector={"matchLabels": {**SCOPE, "tier": "locked"}},
         ),
+        _hook(
+            "guard-delete.e2e.example.com", backends, "/deny/403/delete%20refused", ["configmaps"],
+            objectSelector=_labelled("guard"),
+        ),
     ]  # fmt: skip
+    validating[-1]["rules"][0]["operations"] = ["DELETE"]
     validating[4]["clientConfig"]["url"] = dead
     validating[5]["clientConfig"]["url"] = dead
     mutating = [
@@ -211,7 +217,7 @@ def phase(
         yield Phase(mode, control_plane, namespace, gateway)
     finally:
         control_plane.kubectl("delete", "--wait=false", "-f", str(workdir / "registration.yaml"), check=False)
-        control_plane.api("DELETE", f"/api/v1/namespaces/{namespace}")
+        control_plane.delete_namespace(namespace)
         if gateway is not None:
             gateway.stop()
 
@@ -261,6 +267,8 @@ class Op:
     stored: tuple[str, ...] = ()  # `kubectl get` arguments that must find the object afterwards
     absent: tuple[str, ...] = ()  # ... that must not
     labels: dict[str, str] | None = None  # labels the stored object must carry
+    before: tuple[tuple[tuple[str, ...], str | None], ...] = ()  # kubectl runs that must succeed first
+    unlabelled: str = ""  # a label the stored object must not carry
 
 
 OPERATIONS = [
@@ -379,11 +387,40 @@ OPERATIONS = [
         ),
         id="a backend slower than its timeoutSeconds under Fail denies",
     ),
+    pytest.param(
+        Op(
+            ("apply", "-f", "-"),
+            configmap("applied", deny="yes"),
+            ok=False,
+            message='admission webhook "deny.e2e.example.com" denied the request: refused by policy',
+            gateway_message=GATEWAY_PREFIX + 'admission webhook "deny.e2e.example.com" denied the request: '
+            "refused by policy",
+            stored=("configmap", "applied"),
+            unlabelled="deny",
+            before=((("apply", "-f", "-"), configmap("applied")),),
+        ),
+        id="kubectl apply that would add a denied label is refused and the stored object is unchanged (GW-06 prefix)",
+    ),
+    pytest.param(
+        Op(
+            ("delete", "configmap", "guarded"),
+            ok=False,
+            message='admission webhook "guard-delete.e2e.example.com" denied the request: delete refused',
+            gateway_message=GATEWAY_PREFIX + 'admission webhook "guard-delete.e2e.example.com" denied the '
+            "request: delete refused",
+            stored=("configmap", "guarded"),
+            before=((("create", "-f", "-"), configmap("guarded", guard="yes")),),
+        ),
+        id="kubectl delete refused by a DELETE-only backend leaves the object (GW-06 prefix)",
+    ),
 ]
 
 
 @pytest.mark.parametrize("op", OPERATIONS)
 def test_same_cluster_outcome_direct_and_behind_the_gateway(phase: Phase, op: Op) -> None:
+    for args, manifest in op.before:
+        prepared = phase.kubectl(*args, input=manifest)
+        assert prepared.returncode == 0, (phase.name, prepared.stderr)
     done = phase.kubectl(*op.args, input=op.manifest)
     assert (done.returncode == 0) is op.ok, (phase.name, done.stdout, done.stderr)
     message = op.gateway_message if phase.gateway is not None and op.gateway_message else op.message
@@ -398,9 +435,34 @@ def test_same_cluster_outcome_direct_and_behind_the_gateway(phase: Phase, op: Op
         labels = json.loads(got.stdout)["metadata"].get("labels", {})
         for key, value in (op.labels or {}).items():
             assert labels.get(key) == value, labels
+        assert op.unlabelled not in labels, labels
     if op.absent:
         got = phase.kubectl("get", *op.absent)
         assert got.returncode == 1 and "NotFound" in got.stderr, got.stderr
+
+
+def test_relabelling_the_namespace_flips_the_decision(phase: Phase) -> None:
+    """MAT-13: a namespaceSelector follows the namespace's labels, behind the gateway through its watch."""
+    plane, namespace = phase.plane, phase.namespace
+
+    def outcome(name: str) -> int:
+        return phase.kubectl("create", "--dry-run=server", "-f", "-", input=pod(name)).returncode
+
+    try:
+        plane.kubectl("label", "namespace", namespace, "tier=locked")
+        deadline = time.monotonic() + 10
+        while outcome("locked") == 0:
+            assert time.monotonic() < deadline, "the label never took effect"
+        denied = phase.kubectl("create", "--dry-run=server", "-f", "-", input=pod("locked"))
+        assert (
+            'admission webhook "locked.e2e.example.com" denied the request: namespace is locked'
+            in denied.stderr
+        )
+    finally:
+        plane.kubectl("label", "namespace", namespace, "tier-")
+    deadline = time.monotonic() + 10
+    while outcome("unlocked") != 0:
+        assert time.monotonic() < deadline, "the label's removal never took effect"
 
 
 # The apiserver records a webhook's annotation as "<webhook>/<key>" (AUD-01); behind the gateway the

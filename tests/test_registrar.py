@@ -4,6 +4,10 @@ Two replicas compete for a coordination.k8s.io Lease; the ready holder creates a
 registrations equal to what ``registration`` computes (caBundle included), follows configuration
 reloads, survives resourceVersion conflicts (409), hands over when the holder stops renewing, and
 relaxes the registrations to failurePolicy Ignore when the Deployment is uninstalled.
+
+These rounds run in process against the fake, because they count and race individual writes (a
+second writer between a read and a PUT) that the real apiserver neither reports nor lets a test
+time; two real gateway processes against the real apiserver are in tests/test_kube_registrar.py.
 """
 
 from __future__ import annotations
@@ -215,92 +219,3 @@ async def test_shutdown(
     assert kube_api.objects[LEASE]["spec"]["holderIdentity"] == ""
     await b.registrar.round()  # no waiting for the Lease to expire
     assert b.registrar.leading is True
-
-
-# --- the real gateway: two replicas as separate processes ---------------------------------------------
-
-
-async def _wait_for(predicate: Any, seconds: float = 30.0) -> None:
-    import trio
-
-    with trio.fail_after(seconds):
-        while not predicate():
-            await trio.sleep(0.1)
-
-
-@pytest.mark.slow
-async def test_two_gateway_processes_manage_their_registration(kube_api: FakeKubeAPI, tmp_path: Path) -> None:
-    """`--manage-registration`: two real replicas, one Lease holder, registrations follow a reload, uninstall relaxes."""
-    import os
-    import signal
-    import socket
-    import sys
-
-    import trio
-
-    ca = trustme.CA()
-    tls = tmp_path / "tls"
-    tls.mkdir()
-    ca.issue_cert("localhost").private_key_and_cert_chain_pem.write_to_path(str(tls / "tls.pem"))
-    ca.cert_pem.write_to_path(str(tls / "ca.crt"))
-    config = tmp_path / "config"
-    write_config(config, validating={"v": [hook("a.example.com", "https://a.example.com/v", rules=PODS)]})
-    kubeconfig = write_kubeconfig(kube_api, tmp_path / "kubeconfig")
-
-    def port() -> int:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return int(s.getsockname()[1])
-
-    processes = []
-    for name in ("gw-a", "gw-b"):
-        processes.append(
-            await trio.lowlevel.open_process(
-                [
-                    sys.executable,
-                    "-m",
-                    "gateway",
-                    "--config",
-                    str(config),
-                    "--bind",
-                    f"127.0.0.1:{port()}",
-                    "--certfile",
-                    str(tls / "tls.pem"),
-                    "--keyfile",
-                    str(tls / "tls.pem"),
-                    "--drain-seconds",
-                    "0",
-                    "--config-poll-seconds",
-                    "0.2",
-                    "--manage-registration",
-                    "--kubeconfig",
-                    str(kubeconfig),
-                    "--log-level",
-                    "warning",
-                ],
-                env={**os.environ, "POD_NAME": name},
-            )
-        )
-    try:
-        settings = Settings(ca_bundle=ca.cert_pem.bytes())
-        first = compute(load_directory(config), settings).documents()
-        await _wait_for(lambda: stored(kube_api) == {d["kind"]: d["webhooks"] for d in first})
-        assert kube_api.objects[LEASE]["spec"]["holderIdentity"] in ("gw-a", "gw-b")
-        write_config(config, mutating={"m": [hook("b.example.com", "https://b.example.com/m", rules=PODS)]})
-        second = compute(load_directory(config), settings).documents()
-        await _wait_for(lambda: stored(kube_api) == {d["kind"]: d["webhooks"] for d in second})
-        creates = [
-            w for w in kube_api.writes if w[0] == "POST" and "webhookconfigurations" in w[1] and w[2] == 201
-        ]
-        assert len(creates) == 2, "exactly one replica created the registrations"
-    finally:
-        for process in processes:  # an uninstall: the Deployment is gone (never created here)
-            process.send_signal(signal.SIGTERM)
-        with trio.move_on_after(30):
-            for process in processes:
-                await process.wait()
-        for process in processes:
-            if process.returncode is None:
-                process.kill()
-    assert [p.returncode for p in processes] == [0, 0]
-    assert {h["failurePolicy"] for h in kube_api.objects[MWC]["webhooks"]} == {"Ignore"}

@@ -87,13 +87,16 @@ class Reloads:
 
 
 async def _start(
-    nursery: trio.Nursery, directory: Path, load: Callable[[Path, int], Snapshot] = tiny_load
+    nursery: trio.Nursery,
+    directory: Path,
+    load: Callable[[Path, int], Snapshot] = tiny_load,
+    interval: float = INTERVAL,
 ) -> tuple[ConfigStore, Reloads]:
     store = ConfigStore(load(directory, 0))
     reloads = Reloads()
     await nursery.start(
         lambda task_status: watch_config_dir(
-            directory, store, load, interval=INTERVAL, on_reload=reloads, task_status=task_status
+            directory, store, load, interval=interval, on_reload=reloads, task_status=task_status
         )
     )
     return store, reloads

@@ -72,7 +72,7 @@ from gateway.observability import Metrics, Observability
 from gateway.observability.metrics import PREFIX, HistogramChild
 from gateway.server.limits import raise_nofile_limit
 from gateway.settings import ServeSettings
-from gateway.sources.namespaces import Backoff
+from gateway.sources.reflector import Backoff
 
 if TYPE_CHECKING:
     from gateway.server.app import Readiness

@@ -7,9 +7,13 @@ whole directory loads; otherwise the old one keeps serving and ``on_reload`` rep
 ``watch_files`` is the same poller for single files (serving certificate and key, backend caBundle
 and credential files).
 
-Why polling instead of inotify: a ConfigMap or Secret volume is updated by the kubelet with an
-atomic rename of the ``..data`` symlink, which inotify watches on the files themselves miss; a stat
-of each file (following symlinks) once a second is cheap and sees every kind of update.
+How a change is noticed: the kernel's inotify events on the directory itself and its visible
+subdirectories (``gateway.sources.fsevents``) wake the watcher at once; it waits until the writer
+has been quiet for ``SETTLE_SECONDS`` and compares a fingerprint (a stat of every file, following
+symlinks). A ConfigMap or Secret volume is updated by the kubelet with an atomic rename of the
+``..data`` symlink: the directory's watch sees the rename, and the fingerprint records the link's
+target. The poll every ``interval`` stays as the safety net for what inotify cannot report
+(network filesystems, the watch limit): there a change is acted on once two consecutive polls agree.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import trio
 
 from gateway.config.model import Snapshot
 from gateway.errors import ConfigError, ConfigProblem
+from gateway.sources.fsevents import DirectoryEvents
 
 ReloadResult = Literal["success", "failure"]
 Loader = Callable[[Path, int], Snapshot]
@@ -37,6 +42,8 @@ FileState = tuple[str, int, int, int, int]
 Fingerprint = tuple[FileState, ...]
 
 _DATA_LINK: Final = "..data"
+SETTLE_SECONDS: Final = 0.1  # after an event, how long the directory must stay quiet before a reload
+SETTLE_LIMIT_SECONDS: Final = 2.0  # a directory written to without pause is read after this long anyway
 
 
 class ConfigStore:
@@ -125,44 +132,57 @@ async def watch_config_dir(
     baseline: Fingerprint | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> NoReturn:
-    """Poll ``path`` every ``interval`` seconds and reload it on change (CFG-25).
+    """Reload ``path`` when it changes (CFG-25): woken by inotify, else by a poll every ``interval``.
 
-    A change is acted on once two consecutive polls agree, so a file still being written is not
-    read half-way. A valid directory becomes ``store.snapshot`` with the next generation; an
-    invalid one (``ConfigError``, or the directory missing or unreadable) leaves the store alone. Pass the
-    ``fingerprint()`` taken before the start-up load as ``baseline`` so that no change in between
-    is missed.
+    After an event the directory must be quiet for ``SETTLE_SECONDS``; after a poll, two
+    consecutive polls must agree: so a file still being written is not read half-way. A valid
+    directory becomes ``store.snapshot`` with the next generation; an invalid one (``ConfigError``,
+    or the directory missing or unreadable) leaves the store alone. Pass the ``fingerprint()`` taken
+    before the start-up load as ``baseline`` so that no change in between is missed.
     """
     report = on_reload or _ignore_reload
     seen = fingerprint(path) if baseline is None else baseline
+    events = DirectoryEvents(path)
     task_status.started()
-    while True:
-        await trio.sleep(interval)
-        current = fingerprint(path)
-        if current == seen:
-            continue
-        await trio.sleep(interval)
-        if fingerprint(path) != current:
-            continue  # still changing: look again next round
-        seen = current
-        if not current:
-            # The directory itself is gone (volume unmounted, path replaced by a file): loading
-            # "nothing" would be a valid, empty configuration, and would drop every backend.
-            report("failure", [ConfigProblem(file=str(path), message="not a readable directory")])
-            continue
-        generation = store.snapshot.generation + 1
-        try:
-            # Loading parses YAML and compiles CEL: run it off the event loop so that reviews in
-            # flight are not stalled for the duration of a reload.
-            snapshot = await trio.to_thread.run_sync(load, path, generation)
-        except ConfigError as exc:
-            report("failure", exc.problems)
-            continue
-        except OSError as exc:
-            report("failure", [ConfigProblem(file=str(path), message=exc.strerror or str(exc))])
-            continue
-        store.replace(snapshot)
-        report("success", snapshot.warnings)
+    try:
+        while True:
+            woken = await events.wait(interval)
+            if woken:
+                await events.settle(SETTLE_SECONDS, at_most=SETTLE_LIMIT_SECONDS)
+            current = fingerprint(path)
+            if current == seen:
+                continue
+            if not woken:
+                await trio.sleep(interval)
+                if fingerprint(path) != current:
+                    continue  # still changing: look again next round
+            seen = current
+            await _reload(path, current, store, load, report)
+    finally:
+        events.close()
+
+
+async def _reload(
+    path: Path, current: Fingerprint, store: ConfigStore, load: Loader, report: OnReload
+) -> None:
+    if not current:
+        # The directory itself is gone (volume unmounted, path replaced by a file): loading
+        # "nothing" would be a valid, empty configuration, and would drop every backend.
+        report("failure", [ConfigProblem(file=str(path), message="not a readable directory")])
+        return
+    generation = store.snapshot.generation + 1
+    try:
+        # Loading parses YAML and compiles CEL: run it off the event loop so that reviews in
+        # flight are not stalled for the duration of a reload.
+        snapshot = await trio.to_thread.run_sync(load, path, generation)
+    except ConfigError as exc:
+        report("failure", exc.problems)
+        return
+    except OSError as exc:
+        report("failure", [ConfigProblem(file=str(path), message=exc.strerror or str(exc))])
+        return
+    store.replace(snapshot)
+    report("success", snapshot.warnings)
 
 
 def _ignore_reload(result: ReloadResult, problems: Sequence[ConfigProblem]) -> None:

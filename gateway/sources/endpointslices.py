@@ -1,11 +1,11 @@
 """The ready endpoints of the services that backends reference, from their EndpointSlices.
 
-For each ``(namespace, service, port)`` referenced by a ``clientConfig.service``, a reflector like
-the namespace watch's: list ``discovery.k8s.io/v1`` EndpointSlices labelled
-``kubernetes.io/service-name=<service>``, then watch from the list's resourceVersion with
-bookmarks, re-list on 410, back off on errors. Every change hands the service's endpoints to
-``on_change`` (the transport's ``EndpointRouter.update``); a service no longer referenced is
-handed ``None`` (back to DNS). RBAC: list and watch ``endpointslices`` in ``discovery.k8s.io``.
+For each ``(namespace, service, port)`` referenced by a ``clientConfig.service``, the one
+``Reflector`` (``gateway.sources.reflector``) lists and watches the ``discovery.k8s.io/v1``
+EndpointSlices labelled ``kubernetes.io/service-name=<service>``. Every change hands the
+service's endpoints to ``on_change`` (the transport's ``EndpointRouter.update``); a service no
+longer referenced is handed ``None`` (back to DNS). RBAC: list and watch ``endpointslices`` in
+``discovery.k8s.io``.
 
 The port: EndpointSlices carry target ports named after the Service's ports, and the gateway does
 not read Services. A slice with one port is used with it; with several, the one equal to the
@@ -15,27 +15,16 @@ service port of the ``clientConfig``; otherwise the slice is skipped (its endpoi
 from __future__ import annotations
 
 import urllib.parse
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
 import msgspec
-import structlog
 import trio
 
 from gateway.config.model import Snapshot
-from gateway.sources.kube import (
-    KubeAPIError,
-    KubeClient,
-    KubeError,
-    ListMeta,
-    WatchExpiredError,
-    watch_error,
-    watch_event_decoder,
-)
-from gateway.sources.namespaces import Backoff
-
-log = structlog.get_logger(__name__)
+from gateway.sources.kube import KubeClient
+from gateway.sources.reflector import Backoff, Change, Collection, ObjectMeta, Reflector
 
 SERVICE_NAME_LABEL: Final = "kubernetes.io/service-name"
 MAX_ENDPOINTS_PER_SERVICE: Final = 5000  # bounds memory whatever the cluster holds
@@ -59,11 +48,6 @@ EndpointsListener = Callable[[ServiceKey, "tuple[ServiceEndpoint, ...] | None"],
 # --- wire types --------------------------------------------------------------------------------
 
 
-class _Meta(msgspec.Struct, rename="camel"):
-    name: str = ""
-    resource_version: str = ""
-
-
 class _Conditions(msgspec.Struct):
     ready: bool | None = None
     serving: bool | None = None
@@ -82,19 +66,10 @@ class _Port(msgspec.Struct):
 
 
 class _EndpointSlice(msgspec.Struct, rename="camel"):
-    metadata: _Meta = msgspec.field(default_factory=_Meta)
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
     address_type: str = ""
     endpoints: list[_Endpoint] | None = None
     ports: list[_Port] | None = None
-
-
-class _EndpointSliceList(msgspec.Struct):
-    metadata: ListMeta = msgspec.field(default_factory=ListMeta)
-    items: list[_EndpointSlice] = msgspec.field(default_factory=list)
-
-
-_slice_decoder: Final = msgspec.json.Decoder(_EndpointSlice)
-_list_decoder: Final = msgspec.json.Decoder(_EndpointSliceList)
 
 
 def slices_path(namespace: str) -> str:
@@ -128,7 +103,8 @@ def _endpoints_of(item: _EndpointSlice, service_port: int) -> list[ServiceEndpoi
 
 
 class ClusterEndpointSlices:
-    """Endpoint data for the referenced services; ``run()`` is the long-lived task."""
+    """Endpoint data for the referenced services, one ``Reflector`` per service; ``run()`` is the
+    long-lived task that starts and stops them as the configuration changes."""
 
     def __init__(
         self,
@@ -143,16 +119,20 @@ class ClusterEndpointSlices:
         self._client = client
         self._on_change = on_change
         self._watch_timeout = watch_timeout_seconds
-        self._idle_timeout = idle_timeout if idle_timeout is not None else watch_timeout_seconds + 30.0
+        self._idle_timeout = idle_timeout
         self._backoff = backoff
         self._page_size = page_size
         self._wanted: frozenset[ServiceKey] = frozenset()
         self._wanted_changed = trio.Event()
-        self._running: dict[ServiceKey, trio.CancelScope] = {}
-        self.lists = 0  # successful lists, for tests
+        self._running: dict[ServiceKey, tuple[trio.CancelScope, Reflector[_EndpointSlice]]] = {}
 
     def __repr__(self) -> str:
         return f"<ClusterEndpointSlices {self._client.config.server} services={sorted(self._wanted)}>"
+
+    @property
+    def lists(self) -> int:
+        """Successful lists of the reflectors running now (tests)."""
+        return sum(reflector.lists for _scope, reflector in self._running.values())
 
     def watch_services(self, services: Iterable[ServiceKey]) -> None:
         """The services referenced by the configuration now (call at start and after each reload)."""
@@ -173,116 +153,39 @@ class ClusterEndpointSlices:
                 self._wanted_changed = trio.Event()
                 wanted = self._wanted
                 for key in [k for k in self._running if k not in wanted]:
-                    self._running.pop(key).cancel()
+                    self._running.pop(key)[0].cancel()
                     self._on_change(key, None)
                 for key in wanted:
                     if key not in self._running:
-                        scope = self._running[key] = trio.CancelScope()
-                        nursery.start_soon(self._reflect, key, scope)
+                        reflector = self._reflector(key)
+                        scope = trio.CancelScope()
+                        self._running[key] = (scope, reflector)
+                        nursery.start_soon(_run_in, scope, reflector)
                 await self._wanted_changed.wait()
 
-    async def _reflect(self, key: ServiceKey, scope: trio.CancelScope) -> None:
-        backoff = self._backoff()
-        slices: dict[str, list[ServiceEndpoint]] = {}
-        resource_version = ""
-        relist = True
-        with scope:
-            while True:
-                try:
-                    if relist:
-                        slices, resource_version = await self._list(key)
-                        self._publish(key, slices)
-                        relist = False
-                        backoff.reset()
-                    resource_version, events = await self._watch(key, slices, resource_version)
-                    if events:
-                        backoff.reset()
-                        continue
-                    delay = backoff.next_delay()
-                except WatchExpiredError as exc:
-                    log.info("endpointslice watch expired, re-listing", service=_label(key), error=str(exc))
-                    relist = True
-                    continue
-                except KubeError as exc:
-                    delay = backoff.next_delay()
-                    log.warning(
-                        "endpointslice list/watch failed",
-                        service=_label(key), error=str(exc), relist=relist, retry_in=round(delay, 3),
-                    )  # fmt: skip
-                await trio.sleep(delay)
+    def _reflector(self, key: ServiceKey) -> Reflector[_EndpointSlice]:
+        namespace, service, _port = key
+        collection = Collection(slices_path(namespace), label_selector=f"{SERVICE_NAME_LABEL}={service}")
 
-    def _query(self, key: ServiceKey) -> dict[str, str]:
-        return {"labelSelector": f"{SERVICE_NAME_LABEL}={key[1]}"}
+        def publish(_changes: tuple[Change[_EndpointSlice], ...]) -> None:
+            self._publish(key, reflector.store)
 
-    async def _list(self, key: ServiceKey) -> tuple[dict[str, list[ServiceEndpoint]], str]:
-        path = slices_path(key[0])
-        fresh: dict[str, list[ServiceEndpoint]] = {}
-        query = {**self._query(key), "limit": str(self._page_size)}
-        while True:
-            body = await self._client.get(path, query)
-            try:
-                page = _list_decoder.decode(body)
-            except msgspec.DecodeError as exc:
-                raise KubeError(f'Get "{self._client.url(path, query)}": {exc}') from exc
-            for item in page.items:
-                fresh[item.metadata.name] = _endpoints_of(item, key[2])
-            if not page.metadata.continue_:
-                break
-            query = {**self._query(key), "limit": str(self._page_size), "continue": page.metadata.continue_}
-        self.lists += 1
-        return fresh, page.metadata.resource_version
+        reflector = Reflector(
+            self._client,
+            collection,
+            _EndpointSlice,
+            on_change=publish,
+            watch_timeout_seconds=self._watch_timeout,
+            idle_timeout=self._idle_timeout,
+            backoff=self._backoff(),
+            page_size=self._page_size,
+        )
+        return reflector
 
-    async def _watch(
-        self, key: ServiceKey, slices: dict[str, list[ServiceEndpoint]], resource_version: str
-    ) -> tuple[str, int]:
-        """Watch until the server ends it; returns the last resourceVersion and the event count."""
-        path = slices_path(key[0])
-        query = {
-            **self._query(key),
-            "watch": "1",
-            "resourceVersion": resource_version,
-            "allowWatchBookmarks": "true",
-            "timeoutSeconds": str(self._watch_timeout),
-        }
-        url = self._client.url(path, query)
-        events = 0
-        try:
-            async with self._client.watch(path, query, idle_timeout=self._idle_timeout) as stream:
-                async for line in stream:
-                    rv, changed = self._apply(key, slices, line, url)
-                    resource_version = rv or resource_version
-                    events += 1
-                    if changed:
-                        self._publish(key, slices)
-        except KubeAPIError as exc:
-            if exc.code == 410:
-                raise WatchExpiredError(str(exc)) from exc
-            raise
-        return resource_version, events
-
-    def _apply(
-        self, key: ServiceKey, slices: dict[str, list[ServiceEndpoint]], line: bytes, url: str
-    ) -> tuple[str, bool]:
-        try:
-            event = watch_event_decoder.decode(line)
-            if event.type == "ERROR":
-                raise watch_error(event)
-            item = _slice_decoder.decode(event.object)
-        except msgspec.DecodeError as exc:
-            raise KubeError(f'Get "{url}": undecodable watch event: {exc}') from exc
-        name = item.metadata.name
-        if event.type in ("ADDED", "MODIFIED"):
-            slices[name] = _endpoints_of(item, key[2])
-        elif event.type == "DELETED":
-            slices.pop(name, None)
-        elif event.type != "BOOKMARK":
-            raise KubeError(f'Get "{url}": unknown watch event type "{event.type}"')
-        return item.metadata.resource_version, event.type != "BOOKMARK"
-
-    def _publish(self, key: ServiceKey, slices: dict[str, list[ServiceEndpoint]]) -> None:
+    def _publish(self, key: ServiceKey, slices: Mapping[str, _EndpointSlice]) -> None:
         merged: dict[tuple[str, int], ServiceEndpoint] = {}
         for name in sorted(slices):
-            for e in slices[name]:
+            for e in _endpoints_of(slices[name], key[2]):
                 known = merged.get((e.address, e.port))
                 # The same address in two slices (a slice being replaced): a ready entry wins.
                 if known is None or (e.ready and not e.terminating and not known.ready):
@@ -292,8 +195,9 @@ class ClusterEndpointSlices:
         self._on_change(key, tuple(merged.values()))
 
 
-def _label(key: ServiceKey) -> str:
-    return f"{key[0]}/{key[1]}:{key[2]}"
+async def _run_in(scope: trio.CancelScope, reflector: Reflector[_EndpointSlice]) -> None:
+    with scope:
+        await reflector.run()
 
 
 def referenced_services(snapshot: Snapshot) -> frozenset[ServiceKey]:

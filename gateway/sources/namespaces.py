@@ -4,10 +4,10 @@ Two sources answer ``await source.labels(name)`` with the labels of a namespace 
 
 * ``FileNamespaces``: the ``Namespace`` objects of the configuration directory; an unknown name is
   ``NOT_FOUND`` (``unknownNamespace: notFound``, the default) or has no labels (``emptyLabels``).
-* ``ClusterNamespaces``: a reflector like client-go's: list, then watch from the list's
-  resourceVersion with bookmarks, re-list when the watch expires (410), back off on errors, and
-  keep only the labels in memory. A name missing from the cache is fetched once with a live GET
-  (upstream's namespace matcher does the same) and the answer is cached.
+* ``ClusterNamespaces``: the namespaces' names and labels kept by the one ``Reflector``
+  (``gateway.sources.reflector``: list, watch with bookmarks, re-list on 410, back off on errors).
+  A name missing from it is fetched once with a live GET (upstream's namespace matcher does the
+  same) and the answer is kept until the watch reports that name.
 
 Any other failure raises ``NamespaceLookupError``; the dispatcher turns it into MAT-17's 500.
 """
@@ -15,32 +15,20 @@ Any other failure raises ``NamespaceLookupError``; the dispatcher turns it into 
 from __future__ import annotations
 
 import enum
-import random
 import urllib.parse
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final, Literal, Protocol
 
 import msgspec
-import structlog
 import trio
 
 from gateway.config.model import Snapshot
 from gateway.errors import NamespaceLookupError
 from gateway.sources.configdir import ConfigStore
-from gateway.sources.kube import (
-    KubeAPIError,
-    KubeClient,
-    KubeError,
-    ListMeta,
-    WatchExpiredError,
-    watch_error,
-    watch_event_decoder,
-)
+from gateway.sources.kube import KubeAPIError, KubeClient, KubeError
+from gateway.sources.reflector import Backoff, Change, Collection, ObjectMeta, Reflector
 from gateway.wire.kubeconfig import redact_url
-
-log = structlog.get_logger(__name__)
 
 
 class NotFound(enum.Enum):
@@ -111,64 +99,23 @@ class FileNamespaces:
         return f"<FileNamespaces unknownNamespace={unknown}>"
 
 
-# --- cluster mode: wire types ----------------------------------------------------------------------
-
-
-class _ObjectMeta(msgspec.Struct, rename="camel"):
-    name: str = ""
-    resource_version: str = ""
-    labels: dict[str, str] | None = None
+# --- cluster mode ----------------------------------------------------------------------------------
 
 
 class _Namespace(msgspec.Struct):
-    metadata: _ObjectMeta = msgspec.field(default_factory=_ObjectMeta)
+    """All the gateway keeps of a Namespace: its name and labels."""
 
-
-class _NamespaceList(msgspec.Struct):
-    metadata: ListMeta = msgspec.field(default_factory=ListMeta)
-    items: list[_Namespace] = msgspec.field(default_factory=list)
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
 
 
 _namespace_decoder: Final = msgspec.json.Decoder(_Namespace)
-_list_decoder: Final = msgspec.json.Decoder(_NamespaceList)
 
-NAMESPACES_PATH: Final = "/api/v1/namespaces"
-
-
-# --- cluster mode: back-off ------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class Backoff:
-    """Exponential back-off with jitter, bounded, as client-go's reflector uses.
-
-    The n-th consecutive failure waits ``min(initial * factor**n, maximum)``, stretched by a random
-    factor in [1, 1 + jitter) so that many gateway replicas do not retry in lockstep.
-    """
-
-    initial: float = 0.8
-    maximum: float = 30.0
-    factor: float = 2.0
-    jitter: float = 1.0
-    rng: random.Random = field(default_factory=random.Random)
-    failures: int = 0
-
-    def next_delay(self) -> float:
-        # The exponent is capped: a float power overflows after ~1000 failures (an API server down
-        # for a day), and the maximum is reached long before 64 doublings anyway.
-        base = min(self.initial * self.factor ** min(self.failures, 64), self.maximum)
-        self.failures += 1
-        return min(base * (1 + self.jitter * self.rng.random()), self.maximum * (1 + self.jitter))
-
-    def reset(self) -> None:
-        self.failures = 0
-
-
-# --- cluster mode: the reflector -------------------------------------------------------------------
+NAMESPACES: Final = Collection("/api/v1/namespaces")
+MAX_FETCHED: Final = 10_000  # live-GET answers kept for names the watch has not (yet) reported
 
 
 class ClusterNamespaces:
-    """Namespace labels from a list+watch of the cluster (GW-01 watch mode).
+    """Namespace labels from a list+watch of the cluster (GW-01 watch mode), through ``Reflector``.
 
     ``run()`` is the long-lived reflector task (start it in a nursery); ``labels()`` may be called
     from any task at any time. Readiness is reached after the first successful list.
@@ -185,38 +132,60 @@ class ClusterNamespaces:
         on_event: Callable[[str], None] | None = None,
     ) -> None:
         self._client = client
-        self._watch_timeout = watch_timeout_seconds
-        # The server ends a watch after timeoutSeconds; data or a bookmark arrives well before.
-        self._idle_timeout = idle_timeout if idle_timeout is not None else watch_timeout_seconds + 30.0
-        self._backoff = backoff or Backoff()
-        self._page_size = page_size
         self._on_event = on_event or (lambda _kind: None)
-        self._cache: dict[str, Labels | NotFound] = {}
-        self._synced = trio.Event()
+        self.reflector: Reflector[_Namespace] = Reflector(
+            client,
+            NAMESPACES,
+            _Namespace,
+            on_change=self._changed,
+            on_event=self._on_event,
+            watch_timeout_seconds=watch_timeout_seconds,
+            idle_timeout=idle_timeout,
+            backoff=backoff,
+            page_size=page_size,
+        )
+        # Answers of live GETs for names the watch has not reported (yet): the watch's word wins.
+        self._fetched: dict[str, Labels | NotFound] = {}
         self._inflight: dict[str, trio.Event] = {}
-        self.resource_version = ""
-        self.lists = 0  # successful lists, for __repr__ and tests
 
     def __repr__(self) -> str:
-        known = sum(1 for v in self._cache.values() if v is not NOT_FOUND)
         server = redact_url(self._client.config.server)
         return (
-            f"<ClusterNamespaces {server} ready={self.ready} namespaces={known}"
+            f"<ClusterNamespaces {server} ready={self.ready} namespaces={len(self.reflector.store)}"
             f" resourceVersion={self.resource_version!r} lists={self.lists}>"
         )
 
     @property
+    def resource_version(self) -> str:
+        return self.reflector.resource_version
+
+    @property
+    def lists(self) -> int:
+        return self.reflector.lists
+
+    @property
     def ready(self) -> bool:
-        return self._synced.is_set()
+        return self.reflector.ready
 
     async def wait_synced(self) -> None:
-        await self._synced.wait()
+        await self.reflector.wait_synced()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """List and watch namespaces until cancelled; never returns, never raises KubeError."""
+        await self.reflector.run(task_status=task_status)
+
+    def _changed(self, changes: tuple[Change[_Namespace], ...]) -> None:
+        for change in changes:
+            self._fetched.pop(change.key, None)
 
     def labels_now(self, name: str) -> Labels | NotFound | None:
-        return self._cache.get(name)
+        found = self.reflector.store.get(name)
+        if found is not None:
+            return _labels_of(found)
+        return self._fetched.get(name)
 
     async def labels(self, name: str) -> Labels | NotFound:
-        cached = self._cache.get(name)
+        cached = self.labels_now(name)
         if cached is not None:
             return cached
         pending = self._inflight.get(name)
@@ -224,7 +193,7 @@ class ClusterNamespaces:
             # Another review is already fetching this name: share its answer. If it failed or was
             # cancelled, fall through and try once ourselves.
             await pending.wait()
-            cached = self._cache.get(name)
+            cached = self.labels_now(name)
             if cached is not None:
                 return cached
         done = self._inflight[name] = trio.Event()
@@ -236,8 +205,8 @@ class ClusterNamespaces:
             done.set()
 
     async def _fetch(self, name: str) -> Labels | NotFound:
-        """One live GET for a cache miss; the answer is cached unless the watch got there first."""
-        path = f"{NAMESPACES_PATH}/{urllib.parse.quote(name, safe='')}"
+        """One live GET for a cache miss; the answer is kept unless the watch got there first."""
+        path = f"{NAMESPACES.path}/{urllib.parse.quote(name, safe='')}"
         try:
             body = await self._client.get(path)
             result: Labels | NotFound = _labels_of(_namespace_decoder.decode(body))
@@ -249,101 +218,14 @@ class ClusterNamespaces:
             raise NamespaceLookupError(str(exc)) from exc
         except msgspec.DecodeError as exc:
             raise NamespaceLookupError(f'Get "{self._client.url(path)}": {exc}') from exc
-        self._cache.setdefault(name, result)
         self._on_event("get")
-        return self._cache[name]
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """List and watch namespaces until cancelled; never returns, never raises KubeError."""
-        task_status.started()
-        relist = True
-        while True:
-            try:
-                if relist:
-                    await self._list()
-                    relist = False
-                    self._backoff.reset()
-                if await self._watch(self.resource_version):
-                    self._backoff.reset()
-                    continue
-                # A watch that ended without delivering anything (not even a bookmark) is
-                # suspicious (a proxy closing idle connections?): don't reconnect in a hot loop.
-                delay = self._backoff.next_delay()
-                log.info("namespace watch ended without events", retry_in=round(delay, 3))
-            except WatchExpiredError as exc:
-                log.info("namespace watch expired, re-listing", error=str(exc))
-                self._on_event("expired")
-                relist = True
-                continue
-            except KubeError as exc:
-                # A broken watch resumes from the last resourceVersion seen (events are not lost);
-                # only a failed list, or 410, needs a new list.
-                delay = self._backoff.next_delay()
-                self._on_event("error")
-                log.warning(
-                    "namespace list/watch failed", error=str(exc), relist=relist, retry_in=round(delay, 3)
-                )
-            await trio.sleep(delay)
-
-    async def _list(self) -> None:
-        """A full, paginated list; replaces the cache whole and records its resourceVersion."""
-        fresh: dict[str, Labels | NotFound] = {}
-        query: dict[str, str] = {"limit": str(self._page_size)}
-        while True:
-            body = await self._client.get(NAMESPACES_PATH, query)
-            try:
-                page = _list_decoder.decode(body)
-            except msgspec.DecodeError as exc:
-                raise KubeError(f'Get "{self._client.url(NAMESPACES_PATH, query)}": {exc}') from exc
-            for item in page.items:
-                fresh[item.metadata.name] = _labels_of(item)
-            if not page.metadata.continue_:
-                break
-            query = {"limit": str(self._page_size), "continue": page.metadata.continue_}
-        self._cache = fresh
-        self.resource_version = page.metadata.resource_version
-        self.lists += 1
-        self._synced.set()
-        self._on_event("list")
-
-    async def _watch(self, resource_version: str) -> int:
-        """Watch from ``resource_version`` until the server ends it; returns the number of events."""
-        query = {
-            "watch": "1",
-            "resourceVersion": resource_version,
-            "allowWatchBookmarks": "true",
-            "timeoutSeconds": str(self._watch_timeout),
-        }
-        events = 0
-        try:
-            async with self._client.watch(NAMESPACES_PATH, query, idle_timeout=self._idle_timeout) as stream:
-                async for line in stream:
-                    self.resource_version = self._apply(line, self._client.url(NAMESPACES_PATH, query))
-                    events += 1
-        except KubeAPIError as exc:
-            if exc.code == 410:  # the watch request itself answered 410 Gone
-                raise WatchExpiredError(str(exc)) from exc
-            raise
-        return events
-
-    def _apply(self, line: bytes, url: str) -> str:
-        """Apply one watch event to the cache; returns the resourceVersion it carries."""
-        try:
-            event = watch_event_decoder.decode(line)
-            if event.type == "ERROR":
-                raise watch_error(event)
-            namespace = _namespace_decoder.decode(event.object)
-        except msgspec.DecodeError as exc:
-            raise KubeError(f'Get "{url}": undecodable watch event: {exc}') from exc
-        meta = namespace.metadata
-        if event.type in ("ADDED", "MODIFIED"):
-            self._cache[meta.name] = _labels_of(namespace)
-        elif event.type == "DELETED":
-            self._cache.pop(meta.name, None)
-        elif event.type != "BOOKMARK":
-            raise KubeError(f'Get "{url}": unknown watch event type "{event.type}"')
-        self._on_event(event.type.lower())
-        return meta.resource_version or self.resource_version
+        known = self.labels_now(name)
+        if known is not None:
+            return known
+        if len(self._fetched) >= MAX_FETCHED:
+            self._fetched.clear()
+        self._fetched[name] = result
+        return result
 
 
 def _labels_of(namespace: _Namespace) -> Labels:

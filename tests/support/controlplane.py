@@ -6,14 +6,17 @@ returns a ``ControlPlane`` once ``/readyz`` answers 200; ``stop()`` ends both pr
 Fixtures, shared by every test that uses them (a plane takes ~320 MB and 3-5 s of CPU to start):
 
 - ``control_plane`` (session scope): the one plane most tests share; isolate by namespace.
-- ``kube_namespace`` (function scope): a fresh namespace in it, deleted afterwards.
+- ``kube_namespace`` (function scope): a fresh namespace in it, deleted (and finalized) afterwards.
+- ``control_plane_running(workdir, extra_apiserver_args=...)``: a plane of a module's own, for tests
+  that restart or reconfigure it (tests/test_kube_reflector.py).
 
 What a test gets (``ControlPlane``): ``url`` (``https://127.0.0.1:PORT``), ``token`` (an admin in
 ``system:masters``), ``ca_pem``/``ca_path`` (the serving CA), ``kubeconfig`` (a file for kubectl and for
 ``webhook-gateway --kubeconfig``), ``kubectl(*args)``, ``api(method, path, body)`` (a plain HTTPS
 call with the token), ``audit`` (the apiserver's audit log: events with their admission annotations),
-``etcd_url``, ``compact()`` (compacts etcd at its current revision, through etcd's own HTTP API),
-``restart_apiserver()``.
+``create_namespace()``/``delete_namespace()``, ``etcd_url``, ``compact()`` (compacts etcd at its
+current revision through etcd's own JSON gateway, as the apiserver's compactor does every
+``--etcd-compaction-interval``), ``restart_apiserver(*extra_args)``.
 
 Without ``KUBEBUILDER_ASSETS`` every test using these fixtures skips with one line saying how to get
 the binaries (``tests/support/tools.py``); CI sets it and turns that skip into a failure.
@@ -72,21 +75,25 @@ def free_port() -> int:
         return port
 
 
-def _stop(proc: subprocess.Popen[bytes] | None) -> None:
-    """End one process by its PID: SIGTERM, then SIGKILL if it does not exit in time."""
-    if proc is None or proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(STOP_TIMEOUT)
-    except subprocess.TimeoutExpired:
+def stop_process(
+    proc: subprocess.Popen[bytes] | None, *, sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT
+) -> int | None:
+    """End one process by its PID: ``sig``, then SIGKILL if it does not exit in time; its exit code."""
+    if proc is None:
+        return None
+    if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(STOP_TIMEOUT)
+            os.kill(proc.pid, sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout)
+    return proc.returncode
 
 
-def _tail(path: Path, lines: int = 15) -> str:
+def log_tail(path: Path, lines: int = 15) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
@@ -203,6 +210,15 @@ class ControlPlane:
         assert status == 201, body
         return name
 
+    def delete_namespace(self, name: str) -> None:
+        """Delete a namespace and finalize it, as the namespace controller (not running here) would
+        once the namespace is empty: without that it stays Terminating for ever."""
+        self.api("DELETE", f"/api/v1/namespaces/{name}")
+        status, current = self.api("GET", f"/api/v1/namespaces/{name}")
+        if status == 200:
+            current["spec"]["finalizers"] = []
+            self.api("PUT", f"/api/v1/namespaces/{name}/finalize", current)
+
     # --- etcd ----------------------------------------------------------------------------------
 
     def etcd_call(self, method: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -231,7 +247,7 @@ class ControlPlane:
 
     def start_etcd(self) -> None:
         client, peer = self.etcd_url, f"http://127.0.0.1:{free_port()}"
-        self.etcd = _spawn(
+        self.etcd = spawn(
             [
                 str(self.assets / "etcd"),
                 "--name",
@@ -255,40 +271,52 @@ class ControlPlane:
             self.workdir / "etcd.log",
         )
         _wait_ready(
-            self.etcd, self.workdir / "etcd.log", lambda: _get(f"{client}/health", None) == 200, "etcd"
+            self.etcd, self.workdir / "etcd.log", lambda: http_status(f"{client}/health", None) == 200, "etcd"
         )
 
     def start_apiserver(self) -> None:
-        self.apiserver = _spawn(
+        self.apiserver = spawn(
             [str(self.assets / "kube-apiserver"), *self.apiserver_args], self.workdir / "apiserver.log"
         )
         _wait_ready(
             self.apiserver,
             self.workdir / "apiserver.log",
-            lambda: _get(f"{self.url}/readyz", self._ssl, self.token) == 200,
+            lambda: http_status(f"{self.url}/readyz", self._ssl, self.token) == 200,
             "kube-apiserver",
         )
 
-    def restart_apiserver(self) -> None:
-        """Stop and start kube-apiserver on the same port and etcd: every watch breaks, and the new
-        instance's watch cache starts at etcd's current revision (as after an apiserver upgrade)."""
-        _stop(self.apiserver)
-        self.start_apiserver()
+    def restart_apiserver(self, *extra_args: str) -> None:
+        """Kill kube-apiserver and start it again on the same port and etcd (with ``extra_args`` this
+        time): every watch breaks, and the new instance's watch cache starts at etcd's current
+        revision, so a watch from an older resourceVersion gets 410 (as after an apiserver upgrade).
+        SIGKILL, as a crash: on SIGTERM the apiserver waits more than 10 s for open watches."""
+        stop_process(self.apiserver, sig=signal.SIGKILL)
+        self.apiserver = None
+        base = self.apiserver_args
+        self.apiserver_args = [*base, *extra_args]
+        try:
+            self.start_apiserver()
+        finally:
+            self.apiserver_args = base
 
     def stop(self) -> None:
-        _stop(self.apiserver)
-        _stop(self.etcd)
+        stop_process(self.apiserver)
+        stop_process(self.etcd)
 
 
-def _spawn(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+def spawn(
+    argv: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """Start a process with its output appended to ``log``, in a session of its own (a Ctrl-C at the
+    terminal reaches pytest, which then stops it by PID)."""
     with log.open("ab") as out:
-        # A session of its own: a Ctrl-C at the terminal reaches pytest, which then stops us by PID.
         return subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
-        )
+            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=env, cwd=cwd, start_new_session=True,
+        )  # fmt: skip
 
 
-def _get(url: str, context: ssl.SSLContext | None, token: str | None = None) -> int:
+def http_status(url: str, context: ssl.SSLContext | None, token: str | None = None) -> int:
     req = urllib.request.Request(url)
     if token:
         req.add_header("Authorization", f"Bearer {token}")
@@ -305,9 +333,11 @@ def _wait_ready(proc: subprocess.Popen[bytes], log: Path, ready: Callable[[], bo
     deadline = time.monotonic() + START_TIMEOUT
     while not ready():
         if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode} while starting; {log}:\n{_tail(log)}")
+            raise RuntimeError(
+                f"{what} exited with {proc.returncode} while starting; {log}:\n{log_tail(log)}"
+            )
         if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} not ready within {START_TIMEOUT} s; {log}:\n{_tail(log)}")
+            raise RuntimeError(f"{what} not ready within {START_TIMEOUT} s; {log}:\n{log_tail(log)}")
         time.sleep(0.1)
 
 
@@ -440,7 +470,7 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
 
 @pytest.fixture
 def kube_namespace(control_plane: ControlPlane) -> Iterator[str]:
-    """A fresh namespace in the shared plane, deleted after the test (without waiting)."""
+    """A fresh namespace in the shared plane, deleted (and finalized) after the test."""
     name = control_plane.create_namespace()
     yield name
-    control_plane.api("DELETE", f"/api/v1/namespaces/{name}")
+    control_plane.delete_namespace(name)

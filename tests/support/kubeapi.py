@@ -117,10 +117,21 @@ class FakeKubeAPI:
         self._record(kind, self._object(name))
 
     def delete(self, name: str) -> None:
+        """As kube-apiserver does: the namespace turns Terminating (MODIFIED, labels kept), and is
+        DELETED only once the namespace controller has emptied and finalized it."""
         obj = self._object(name)
+        self.rv += 1
+        obj["metadata"] = {
+            **obj["metadata"],
+            "resourceVersion": str(self.rv),
+            "deletionTimestamp": "2024-05-01T10:05:00Z",
+        }
+        obj["status"] = {"phase": "Terminating"}
+        self._record("MODIFIED", json.loads(json.dumps(obj)))
         del self.namespaces[name]
         self.rv += 1
         obj["metadata"] = {**obj["metadata"], "resourceVersion": str(self.rv)}
+        obj["spec"] = {"finalizers": []}
         self._record("DELETED", obj)
 
     def _record(self, kind: str, obj: dict[str, Any]) -> None:
@@ -215,7 +226,9 @@ class FakeKubeAPI:
         return [q for p, q, _ in self.requests if p.endswith("/endpointslices") and ("watch" in q) == watch]
 
     def compact(self) -> None:
-        """etcd compaction: watching from any revision before the current one is now too old."""
+        """A watch from any revision before the current one is now too old: what kube-apiserver does
+        after a restart (its watch cache starts afresh) or, without the watch cache, after etcd
+        compaction. With the watch cache, compaction alone expires nothing (tests/test_kube_reflector.py)."""
         self.compacted = self.rv
 
     def drop_watches(self) -> None:
@@ -422,6 +435,8 @@ class FakeKubeAPI:
         )
 
     async def watch(self, conn: h11.Connection, stream: trio.abc.Stream, query: dict[str, str]) -> None:
+        # HTTP 410 to a watch request is a fault: kube-apiserver 1.36 answers 200 and an ERROR event
+        # (the ``compacted`` path below); HTTP 410 is what a list at a too old version gets.
         if self.watch_gone_http:
             self.watch_gone_http -= 1
             msg = f"too old resource version: {query['resourceVersion']} ({self.rv})"

@@ -15,15 +15,13 @@ import ssl
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import trustme
 
-from tests.support.controlplane import free_port
+from tests.support.controlplane import free_port, http_status, log_tail, spawn, stop_process
 
 READY_TIMEOUT = 30.0
 
@@ -58,39 +56,6 @@ class TLSFiles:
         return ssl.create_default_context(cafile=str(self.ca_path))
 
 
-def stop_process(proc: subprocess.Popen[bytes], *, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
-    """Signal one process by its PID and wait for it; SIGKILL when it does not exit in time."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, sig)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout)
-    return proc.returncode
-
-
-def _spawn(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            argv,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
-        )
-
-
-def _log_tail(log: Path, lines: int = 20) -> str:
-    try:
-        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
 @dataclass
 class Backends:
     """``python -m gateway.devtools.backends`` over TLS: the sample webhooks at ``url(path)``."""
@@ -111,7 +76,7 @@ def start_backends(workdir: Path, tls: TLSFiles) -> Backends:
     workdir.mkdir(parents=True, exist_ok=True)
     log = workdir / "backends.log"
     port = free_port()
-    proc = _spawn(
+    proc = spawn(
         [
             sys.executable, "-m", "gateway.devtools.backends",
             "--port", str(port), "--certfile", str(tls.certfile), "--keyfile", str(tls.keyfile),
@@ -133,7 +98,7 @@ class GatewayProcess:
     log: Path
     argv: list[str]
 
-    def stop(self, sig: int = signal.SIGTERM) -> int:
+    def stop(self, sig: int = signal.SIGTERM) -> int | None:
         return stop_process(self.proc, sig=sig)
 
     def log_events(self) -> list[dict[str, object]]:
@@ -146,13 +111,22 @@ class GatewayProcess:
         return events
 
     def ready(self) -> bool:
-        return _status(f"{self.url}/readyz", self.tls.client_context()) == 200
+        return http_status(f"{self.url}/readyz", self.tls.client_context()) == 200
 
 
 def start_gateway_process(
-    workdir: Path, config: Path, tls: TLSFiles, *args: str, port: int | None = None, wait_ready: bool = True
+    workdir: Path,
+    config: Path,
+    tls: TLSFiles,
+    *args: str,
+    port: int | None = None,
+    wait_ready: bool = True,
+    env: dict[str, str] | None = None,
+    tree: Path | None = None,
 ) -> GatewayProcess:
-    """Start the gateway (``--drain-seconds 0``, JSON logs) and wait until ``/readyz`` answers 200."""
+    """Start the gateway (``--drain-seconds 0``, JSON logs) and wait until ``/readyz`` answers 200.
+
+    ``tree``: run the gateway package of that checkout (another version, for before/after numbers)."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     log = workdir / f"gateway-{port}.log"
@@ -165,34 +139,27 @@ def start_gateway_process(
         "--log-format", "json",
         *args,
     ]  # fmt: skip
-    proc = _spawn(argv, log)
+    environ = {**os.environ, **(env or {})}
+    if tree is not None:
+        environ["PYTHONPATH"] = str(tree)
+    proc = spawn(argv, log, environ, cwd=tree)
     gateway = GatewayProcess(proc, f"https://127.0.0.1:{port}", tls, log, argv)
     if wait_ready:
         _wait_serving(proc, f"{gateway.url}/readyz", tls.client_context(), log, "webhook-gateway")
     return gateway
 
 
-def _status(url: str, context: ssl.SSLContext) -> int:
-    try:
-        with urllib.request.urlopen(url, context=context, timeout=2) as resp:
-            return int(resp.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
-    except (OSError, ssl.SSLError):
-        return 0
-
-
 def _wait_serving(
     proc: subprocess.Popen[bytes], url: str, context: ssl.SSLContext, log: Path, what: str
 ) -> None:
     deadline = time.monotonic() + READY_TIMEOUT
-    while _status(url, context) != 200:
+    while http_status(url, context) != 200:
         if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode}; {log}:\n{_log_tail(log)}")
+            raise RuntimeError(f"{what} exited with {proc.returncode}; {log}:\n{log_tail(log, 20)}")
         if time.monotonic() > deadline:
             stop_process(proc)
             raise RuntimeError(
-                f"{what} did not serve {url} within {READY_TIMEOUT} s; {log}:\n{_log_tail(log)}"
+                f"{what} did not serve {url} within {READY_TIMEOUT} s; {log}:\n{log_tail(log, 20)}"
             )
         time.sleep(0.05)
 
