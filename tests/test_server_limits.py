@@ -1,5 +1,5 @@
-"""The inbound limits' arithmetic: the derived connection bounds (descriptors, memory) and the HTTP/2
-control-frame budget."""
+"""The inbound limits' arithmetic: the derived connection bounds (descriptors, memory) and the frame
+budget."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.server.limits import ControlFrameBudget, InboundLimits, connection_bounds
+from gateway.server.limits import FrameBudget, InboundLimits, connection_bounds
 from gateway.server.memory import memory_limit, parse_size
-from tests.support.inbound import DATA, HEADERS, PING, PREFACE, frame, settings
+from tests.support.inbound import DATA, GOAWAY, HEADERS, PING, PREFACE, frame, settings
 
 MiB = 1 << 20
 
@@ -133,7 +133,7 @@ def test_a_memory_limit_that_is_not_a_size_is_refused() -> None:
         parse_size("lots")
 
 
-def _feed_all(budget: ControlFrameBudget, data: bytes, *, step: int | None = None, now: float = 0.0) -> bool:
+def _feed_all(budget: FrameBudget, data: bytes, *, step: int | None = None, now: float = 0.0) -> bool:
     step = step or len(data)
     ok = True
     for i in range(0, len(data), step):
@@ -146,12 +146,33 @@ BUDGET_CASES = [
     pytest.param(PREFACE + frame(PING, payload=bytes(8)) * 101, False, id="101 PINGs exceed a burst of 100"),
     pytest.param(PREFACE + settings(*[(4, 1)] * 33), False, id="one SETTINGS frame with 33 entries"),
     pytest.param(
-        PREFACE + (frame(HEADERS, 0x5, 1, b"\x82") + frame(DATA, 0, 1, b"x" * 1000)) * 200,
+        PREFACE
+        + b"".join(
+            frame(HEADERS, 0x4, sid, b"\x82")
+            + frame(DATA, 0, sid, b"x" * 16384)
+            + frame(DATA, 0x1, sid, b"x" * 900)
+            for sid in range(1, 401, 2)
+        ),
         True,
-        id="requests and DATA with payload cost nothing",
+        id="200 requests, each in a full DATA frame and a shorter last one, cost nothing",
     ),
     pytest.param(PREFACE + frame(DATA, 0, 1) * 101, False, id="empty DATA without END_STREAM costs a token"),
     pytest.param(PREFACE + frame(DATA, 0x1, 1) * 101, True, id="empty DATA with END_STREAM is free"),
+    pytest.param(PREFACE + frame(DATA, 0, 1, b"x") * 101, False, id="101 one-byte DATA frames exceed 100"),
+    pytest.param(
+        PREFACE + frame(DATA, 0, 1, b"x" * 2048) * 199, True, id="a 2 KiB DATA frame costs half a token (199)"
+    ),
+    pytest.param(PREFACE + frame(DATA, 0, 1, b"x" * 2048) * 202, False, id="... 202 of them exceed 100"),
+    pytest.param(
+        PREFACE + frame(DATA, 0, 1, b"x" * 4096) * 500, True, id="DATA frames of 4 KiB or more are free"
+    ),
+    pytest.param(
+        PREFACE + frame(HEADERS, 0x4, 1, b"\x82") + frame(HEADERS, 0x4, 1, b"\x82") * 101,
+        False,
+        id="HEADERS on a stream already open (trailers) cost a token each",
+    ),
+    pytest.param(PREFACE + frame(GOAWAY, payload=bytes(8)) * 101, False, id="GOAWAY costs a token"),
+    pytest.param(PREFACE + frame(0x42, 0, 0, b"??") * 101, False, id="frames of unknown types cost a token"),
 ]
 
 
@@ -159,12 +180,24 @@ BUDGET_CASES = [
 @pytest.mark.parametrize("step", [None, 1, 7], ids=["in one read", "byte by byte", "in 7-byte reads"])
 def test_control_frame_budget(data: bytes, within: bool, step: int | None) -> None:
     """The frame scanner sees the same frames however the bytes are split into reads."""
-    assert _feed_all(ControlFrameBudget(100, 10.0, 32), data, step=step) is within
+    assert _feed_all(FrameBudget(100, 10.0, 32), data, step=step) is within
+
+
+def test_server_resets_and_small_chunks_are_charged() -> None:
+    """``charge``: a reset the server sends costs 10 tokens; ``small``: a chunk like a DATA frame."""
+    budget = FrameBudget(100, 10.0, 32)
+    for _ in range(10):
+        assert budget.charge(FrameBudget.RESET_COST, 0.0)
+    assert not budget.charge(FrameBudget.RESET_COST, 0.0)  # the 11th reset within the same instant
+    chunks = FrameBudget(100, 10.0, 0, preface=0)
+    assert all(chunks.small(8192, 0.0) for _ in range(1000))
+    assert all(chunks.small(1, 0.0) for _ in range(100))
+    assert not chunks.small(1, 0.0)
 
 
 def test_control_frame_budget_refills_over_time() -> None:
-    budget = ControlFrameBudget(100, 10.0, 32)
+    budget = FrameBudget(100, 10.0, 32)
     assert budget.feed(PREFACE + frame(PING, payload=bytes(8)) * 100, 0.0)
-    assert not ControlFrameBudget(100, 10.0, 32).feed(PREFACE + frame(PING, payload=bytes(8)) * 101, 0.0)
+    assert not FrameBudget(100, 10.0, 32).feed(PREFACE + frame(PING, payload=bytes(8)) * 101, 0.0)
     assert budget.feed(frame(PING, payload=bytes(8)) * 10, 1.0)  # 10 tokens back after one second
     assert not budget.feed(frame(PING, payload=bytes(8)), 1.0)

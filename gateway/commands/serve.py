@@ -163,8 +163,9 @@ def build_parser(prog: str, *, usage: str | None = None, epilog: str | None = No
     add_option(
         i,
         "--h2-control-frame-burst",
-        help="HTTP/2 control frames (SETTINGS, PING, RST_STREAM, WINDOW_UPDATE, PRIORITY, "
-        "CONTINUATION, empty DATA) a connection may send at once before GOAWAY ENHANCE_YOUR_CALM",
+        help="the per-connection frame budget: tokens for HTTP/2 control frames, small DATA frames and "
+        "resets the client makes the gateway send (HTTP/1.1: small chunks), spent at once before GOAWAY "
+        "ENHANCE_YOUR_CALM",
         type=int,
         default=D.h2_control_frame_burst,
     )

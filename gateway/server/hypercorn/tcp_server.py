@@ -276,7 +276,7 @@ class GatewayTCPServer(TCPServer):
             await self.protocol.handle(RawData(bytes(data)))
             if watchdog.reason == "header_timeout" and self.idle and self._is_h2():
                 protocol: Any = self.protocol.protocol
-                if protocol.budget._preface == 0:  # the connection preface is in: idle from now
+                if protocol.budget.preface_done:  # the connection preface is in: idle from now
                     watchdog.set(trio.current_time() + self.config.keep_alive_timeout, "idle_timeout")
         self._read_over = True
         self._spare.unpark_all()
