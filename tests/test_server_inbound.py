@@ -526,7 +526,8 @@ async def test_h2_stream_over_the_limit_is_refused_alone(nursery: trio.Nursery, 
     gw = await start(
         nursery,
         tmp_path,
-        f"http://127.0.0.1:{backend.port}/sleep/1000/allow",
+        # Long enough that all 250 are in flight together, however slowly this machine sends them.
+        f"http://127.0.0.1:{backend.port}/sleep/6000/allow",
         "--max-connections-per-backend",
         "300",
     )
@@ -535,11 +536,11 @@ async def test_h2_stream_over_the_limit_is_refused_alone(nursery: trio.Nursery, 
     first = list(range(1, 501, 2))  # 250 streams: the gateway's SETTINGS_MAX_CONCURRENT_STREAMS
     for sid in first:
         await client.post(sid, body)
-    assert await _eventually(lambda: gw.in_flight == 250, within=10.0)
+    assert await _eventually(lambda: gw.in_flight == 250, within=20.0)
     await client.post(501, body)
     assert await client.until(lambda: 501 in client.resets)
     assert client.resets == {501: REFUSED_STREAM}
-    assert await client.until(lambda: client.ended >= set(first), within=20.0)
+    assert await client.until(lambda: client.ended >= set(first), within=30.0)
     assert {client.statuses[sid] for sid in first} == {200}
     assert client.goaway is None
     assert not client.closed
