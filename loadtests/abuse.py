@@ -91,6 +91,7 @@ class Phase:
     backend: int = -1  # its open backend connections
     cut: int = 0  # connections the gateway ended for a limit during the phase (its /metrics)
     p50_ratio: float = 1.0  # p50 / the "before" phase's p50
+    gateway_cpu: float = 0.0  # the gateway's CPU over the phase, in cores (1.0: one core busy)
 
 
 def _review(uid: str) -> bytes:
@@ -453,8 +454,10 @@ async def run(
 
                 async def phase(name: str) -> None:
                     cut = await _metric(endpoint, _CLOSED)
+                    cpu, started = processes.proc_cpu_seconds(pid), trio.current_time()
                     latencies, errors = await _well_behaved(endpoint, clients, seconds)
                     latencies.sort()
+                    cpu = (processes.proc_cpu_seconds(pid) - cpu) / (trio.current_time() - started)
                     cut = await _metric(endpoint, _CLOSED) - cut
                     await trio.sleep(0.5)  # the well-behaved clients' own closes are noticed
                     inbound, backend = await _connections(endpoint)
@@ -472,6 +475,7 @@ async def run(
                             backend,
                             int(cut),
                             p50 / phases[0].p50_ms if phases else 1.0,
+                            cpu,
                         )
                     )
 
@@ -726,7 +730,7 @@ def stalled_table(limit_mb: float, start: float, rows: list[Wave]) -> str:
 def table(attack: str, phases: list[Phase]) -> str:
     rows = [
         f"| {attack} | {p.name} | {p.ok} | {p.errors} | {p.p50_ms:.1f} | {p.p50_ratio:.2f} | {p.p99_ms:.1f} "
-        f"| {p.cut} | {p.fds} | {p.rss_mb:.0f} | {p.inbound} | {p.backend} |"
+        f"| {p.cut} | {p.gateway_cpu:.0%} | {p.fds} | {p.rss_mb:.0f} | {p.inbound} | {p.backend} |"
         for p in phases
     ]
     return "\n".join(rows)
@@ -734,8 +738,8 @@ def table(attack: str, phases: list[Phase]) -> str:
 
 HEADER = (
     "| attack | phase | well-behaved ok | errors | p50 ms | p50 / before | p99 ms | cut by a limit "
-    "| gateway fds | gateway RSS MB | inbound conns | backend conns |\n"
-    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    "| gateway CPU | gateway fds | gateway RSS MB | inbound conns | backend conns |\n"
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 )
 
 
