@@ -44,6 +44,7 @@ import argparse
 import contextlib
 import json
 import os
+import statistics
 import struct
 import sys
 import tempfile
@@ -90,7 +91,7 @@ class Phase:
     inbound: int = -1  # the gateway's open inbound connections (its /metrics) at the end of the phase
     backend: int = -1  # its open backend connections
     cut: int = 0  # connections the gateway ended for a limit during the phase (its /metrics)
-    p50_ratio: float = 1.0  # p50 / the "before" phase's p50
+    p50_ratio: float = 1.0  # p50 / the p50 of the last "before" phase (the well-behaved clients alone)
     gateway_cpu: float = 0.0  # the gateway's CPU over the phase, in cores (1.0: one core busy)
 
 
@@ -433,6 +434,7 @@ async def run(
     attackers: int | None,
     gateway_args: list[str],
     tree: Path | None = None,
+    repeat: int = 1,
 ) -> list[Phase]:
     with tempfile.TemporaryDirectory(prefix="abuse-") as tmp:
         directory = Path(tmp)
@@ -474,29 +476,33 @@ async def run(
                             inbound,
                             backend,
                             int(cut),
-                            p50 / phases[0].p50_ms if phases else 1.0,
+                            p50 / next((x.p50_ms for x in reversed(phases) if x.name == "before"), p50),
                             cpu,
                         )
                     )
 
-                await phase("before")
-                peak: dict[str, float] = {"fds": 0, "rss": 0.0}
-                async with trio.open_nursery() as nursery:
-                    for _ in range(attackers or _ATTACK_CONNECTIONS[attack]):
-                        nursery.start_soon(_forever, endpoint, _ATTACK_FUNCS[attack])
+                # ``repeat`` rounds of (alone, attacked), side by side in time: on a shared machine the
+                # neighbours' load drifts, and interleaving lets it weigh on both kinds of phase.
+                peak: dict[str, float] = {}
 
-                    async def sample() -> None:
-                        while True:
-                            peak["fds"] = max(peak["fds"], _fds(pid))
-                            peak["rss"] = max(peak["rss"], _rss_mb(pid))
-                            await trio.sleep(0.1)
+                async def sample() -> None:
+                    while True:
+                        peak["fds"] = max(peak["fds"], _fds(pid))
+                        peak["rss"] = max(peak["rss"], _rss_mb(pid))
+                        await trio.sleep(0.1)
 
-                    nursery.start_soon(sample)
-                    await trio.sleep(min(1.0, seconds / 2))  # the attack is established
-                    await phase("during")
-                    nursery.cancel_scope.cancel()
-                phases[-1].fds, phases[-1].rss_mb = int(peak["fds"]), peak["rss"]
-                await trio.sleep(1.5)  # the gateway notices the attackers are gone
+                for _ in range(repeat):
+                    await phase("before")
+                    peak.update(fds=0, rss=0.0)
+                    async with trio.open_nursery() as nursery:
+                        for _ in range(attackers or _ATTACK_CONNECTIONS[attack]):
+                            nursery.start_soon(_forever, endpoint, _ATTACK_FUNCS[attack])
+                        nursery.start_soon(sample)
+                        await trio.sleep(min(1.0, seconds / 2))  # the attack is established
+                        await phase("during")
+                        nursery.cancel_scope.cancel()
+                    phases[-1].fds, phases[-1].rss_mb = int(peak["fds"]), peak["rss"]
+                    await trio.sleep(1.5)  # the gateway notices the attackers are gone
                 await phase("after")
                 if proc.poll() is not None:
                     raise RuntimeError(f"the gateway exited with {proc.returncode} during the run")
@@ -727,6 +733,19 @@ def stalled_table(limit_mb: float, start: float, rows: list[Wave]) -> str:
     return "\n".join(lines)
 
 
+def summary(attack: str, phases: list[Phase]) -> str:
+    """One row: the medians over the rounds of the alone and attacked phases, and their ratio."""
+    alone = statistics.median(p.p50_ms for p in phases if p.name == "before")
+    attacked = statistics.median(p.p50_ms for p in phases if p.name == "during")
+    cpu = statistics.median(p.gateway_cpu for p in phases if p.name == "during")
+    rounds = sum(p.name == "during" for p in phases)
+    errors = sum(p.errors for p in phases)
+    return (
+        f"| {attack} | median of {rounds} | p50 alone {alone:.1f} ms | attacked {attacked:.1f} ms "
+        f"| ratio {attacked / alone:.2f} | gateway CPU attacked {cpu:.0%} | errors {errors} |"
+    )
+
+
 def table(attack: str, phases: list[Phase]) -> str:
     rows = [
         f"| {attack} | {p.name} | {p.ok} | {p.errors} | {p.p50_ms:.1f} | {p.p50_ratio:.2f} | {p.p99_ms:.1f} "
@@ -760,6 +779,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gateway-arg", action="append", default=[], help="extra gateway option (repeatable)")
     p.add_argument(
         "--gateway-tree", type=Path, help="run the gateway of this checkout (the attacks but stalled)"
+    )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="rounds of (alone, attacked) phases, interleaved; a median row follows (default 1)",
     )
     p.add_argument(
         "--stalled", type=int, default=10_000, help="stalled: connections per wave (default 10000)"
@@ -805,10 +830,13 @@ def main(argv: list[str] | None = None) -> int:
                 attackers=attackers,
                 gateway_args=opts.gateway_arg,
                 tree=opts.gateway_tree,
+                repeat=opts.repeat,
             )
         )
         results[attack] = phases
         print(table(attack, phases), flush=True)
+        if opts.repeat > 1:
+            print(summary(attack, phases), flush=True)
         failed |= any(ph.errors or not ph.ok for ph in phases)
     if opts.json:
         opts.json.write_text(json.dumps({k: [asdict(ph) for ph in v] for k, v in results.items()}, indent=2))
