@@ -41,7 +41,10 @@ class ServeSettings:
     body_read_timeout: float = 10.0
     idle_timeout: float = 120.0
     write_timeout: float = 10.0
-    max_inbound_connections: int = 0  # 0: derived from the file-descriptor limit
+    max_inbound_connections: int = 0  # 0: derived from the memory limit and the file-descriptor limit
+    max_pending_connections: int = 0  # not established yet; 0: derived
+    handshake_timeout: float = 5.0
+    memory_limit: int | None = None  # bytes; None: the cgroup's (docs/inbound.md, "Memory")
     fd_reserve: int = 512
     h2_control_frame_burst: int = 1000
     h2_control_frame_rate: float = 100.0

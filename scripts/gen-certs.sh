@@ -8,7 +8,12 @@
 #   certs/tls.crt certs/tls.key    the serving certificate for SERVICE.NAMESPACE.svc, signed by the CA
 #   certs/ca-bundle.pem            the CA(s) the apiserver must trust: pass it to
 #                                  `webhook-gateway registration --ca-bundle`
-#   tls-secret.yaml                the kubernetes.io/tls Secret webhook-gateway-tls
+#   tls-secret.yaml                the kubernetes.io/tls Secret webhook-gateway-tls (its ca.crt is
+#                                  what the gateway verifies client certificates with, when
+#                                  deploy/components/client-auth asks for them)
+#   certs/apiserver-client.crt .key           kube-apiserver's client certificate, signed by the CA
+#   certs/admission-kubeconfig.yaml           the apiserver's files that present it
+#   certs/admission-configuration.yaml        (scripts/apiserver-admission-config.sh; docs/deploy.md)
 # and prints the caBundle (base64 PEM) on stdout. Then: kubectl apply -k DIR
 #
 # Re-running renews the serving certificate under the same CA, so the caBundle does not change
@@ -18,7 +23,7 @@
 #
 # Keys are ECDSA P-256 unless -k rsa asks for RSA 2048: the kube-apiserver makes a full TLS handshake
 # for every new connection, and signing it with P-256 costs the gateway a fraction of RSA's CPU
-# (docs/performance.md). -k applies to the serving key, and to the CA's when a new CA is made.
+# (docs/performance.md). -k applies to the serving and client keys, and to the CA's when a new CA is made.
 set -euo pipefail
 
 namespace=webhook-gateway
@@ -30,7 +35,7 @@ key_type=ecdsa
 out="$(cd "$(dirname "$0")/.." && pwd)/deploy"
 
 usage() {
-    sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit "${1:-2}"
 }
 
@@ -96,6 +101,25 @@ openssl x509 -req -sha256 -days "$days" -in "$work/tls.csr" \
 openssl verify -CAfile "$certs/ca.crt" "$work/tls.crt" >/dev/null
 mv "$work/tls.key" "$certs/tls.key"
 mv "$work/tls.crt" "$certs/tls.crt"
+
+# kube-apiserver's client certificate (deploy/components/client-auth): client authentication only,
+# so that it cannot serve, and the serving certificate (server authentication only) cannot log in.
+cat >"$work/client.cnf" <<EOF
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, $key_usage
+extendedKeyUsage = clientAuth
+EOF
+openssl req -new -nodes -sha256 \
+    "${newkey[@]}" \
+    -keyout "$work/client.key" -out "$work/client.csr" -subj "/CN=kube-apiserver" 2>/dev/null
+openssl x509 -req -sha256 -days "$days" -in "$work/client.csr" \
+    -CA "$certs/ca.crt" -CAkey "$certs/ca.key" -set_serial "0x$(openssl rand -hex 16)" \
+    -extfile "$work/client.cnf" -out "$work/client.crt" 2>/dev/null
+openssl verify -CAfile "$certs/ca.crt" -purpose sslclient "$work/client.crt" >/dev/null
+mv "$work/client.key" "$certs/apiserver-client.key"
+mv "$work/client.crt" "$certs/apiserver-client.crt"
+"$(dirname "$0")/apiserver-admission-config.sh" -n "$namespace" -s "$service" -o "$certs" \
+    --cert "$certs/apiserver-client.crt" --key "$certs/apiserver-client.key" 2>/dev/null
 
 b64() { base64 <"$1" | tr -d '\n'; }
 

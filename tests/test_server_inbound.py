@@ -13,6 +13,7 @@ import os
 import resource
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ import h2.errors
 import h2.events
 import pytest
 import trio
+import trustme
 
 from gateway.devtools.backends import serve_backend
 from tests.support.gateway import review
@@ -287,7 +289,15 @@ async def test_connections_beyond_the_bound_are_refused_and_counted(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
     """--max-inbound-connections: one more connection is closed at once; the open ones keep working."""
-    gw = await start(nursery, tmp_path, await _answering_backend(nursery), "--max-inbound-connections", "2")
+    gw = await start(
+        nursery,
+        tmp_path,
+        await _answering_backend(nursery),
+        "--max-inbound-connections",
+        "2",
+        "--max-pending-connections",
+        "2",  # the kept connections stay silent (pending) until they are used
+    )
     kept = [await trio.open_tcp_stream("127.0.0.1", gw.port) for _ in range(2)]
     assert await _eventually(lambda: gw.open_connections == 2)
     try:
@@ -490,6 +500,23 @@ FLOOD_CASES = [
         _headers_block(1) + frame(DATA, 0, 1) * 1500,
         id="1,500 empty DATA frames without END_STREAM",
     ),
+    pytest.param(
+        _headers_block(1) + frame(DATA, 0, 1, b"x") * 1500,
+        id="1,500 one-byte DATA frames on one stream (within its flow-control window)",
+    ),
+    pytest.param(
+        b"".join(_headers_block(sid) for sid in range(1, 201, 2))
+        + b"".join(frame(DATA, 0, sid, b"x") for _ in range(15) for sid in range(1, 201, 2)),
+        id="one-byte DATA frames over 100 streams (1,500 in all)",
+    ),
+    pytest.param(
+        b"".join(
+            _headers_block(sid) + frame(DATA, 0x1, sid, b"{}") + frame(DATA, 0, sid, b"x")
+            for sid in range(1, 601, 2)
+        ),
+        id="MadeYouReset (CVE-2025-8671): 300 streams the server must reset (one more DATA byte after "
+        "END_STREAM)",
+    ),
 ]
 
 
@@ -497,7 +524,7 @@ FLOOD_CASES = [
 async def test_h2_control_frame_floods_get_goaway_enhance_your_calm(
     nursery: trio.Nursery, tmp_path: Path, attack: bytes
 ) -> None:
-    """Over the control-frame budget: GOAWAY ENHANCE_YOUR_CALM, closed, counted; others unaffected."""
+    """Over the frame budget: GOAWAY ENHANCE_YOUR_CALM, closed, counted; others unaffected."""
     gw = await start(nursery, tmp_path, await _answering_backend(nursery))
     stream = await trio.open_tcp_stream("127.0.0.1", gw.port)
     await stream.send_all(PREFACE + settings())
@@ -519,7 +546,8 @@ async def test_h2_stream_over_the_limit_is_refused_alone(nursery: trio.Nursery, 
     gw = await start(
         nursery,
         tmp_path,
-        f"http://127.0.0.1:{backend.port}/sleep/1000/allow",
+        # Long enough that all 250 are in flight together, however slowly this machine sends them.
+        f"http://127.0.0.1:{backend.port}/sleep/6000/allow",
         "--max-connections-per-backend",
         "300",
     )
@@ -528,11 +556,11 @@ async def test_h2_stream_over_the_limit_is_refused_alone(nursery: trio.Nursery, 
     first = list(range(1, 501, 2))  # 250 streams: the gateway's SETTINGS_MAX_CONCURRENT_STREAMS
     for sid in first:
         await client.post(sid, body)
-    assert await _eventually(lambda: gw.in_flight == 250, within=10.0)
+    assert await _eventually(lambda: gw.in_flight == 250, within=20.0)
     await client.post(501, body)
     assert await client.until(lambda: 501 in client.resets)
     assert client.resets == {501: REFUSED_STREAM}
-    assert await client.until(lambda: client.ended >= set(first), within=20.0)
+    assert await client.until(lambda: client.ended >= set(first), within=30.0)
     assert {client.statuses[sid] for sid in first} == {200}
     assert client.goaway is None
     assert not client.closed
@@ -542,6 +570,134 @@ async def test_h2_stream_over_the_limit_is_refused_alone(nursery: trio.Nursery, 
     assert await _eventually(lambda: gw.counter("inbound_requests", "validating", "200") == 251)
     assert gw.counter("inbound_requests", "validating", "499") == 0
     assert gw.counter("inbound_closed", "stream_limit") == 1
+
+
+async def test_a_flooder_that_reconnects_starts_where_it_left_off(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """The budget of a client address that flooded carries over to its next connection, where opening
+    streams costs too: reconnecting does not buy a full bucket (before: another 1,000 frames and any
+    number of streams per connection, as often as it reconnects)."""
+    gw = await start(nursery, tmp_path, await _answering_backend(nursery))
+    pings = frame(PING, payload=bytes(8))
+    stream = await trio.open_tcp_stream("127.0.0.1", gw.port)
+    with contextlib.suppress(trio.BrokenResourceError):
+        await stream.send_all(PREFACE + settings() + pings * 1500)
+    assert await raw_goaway(stream) == ENHANCE_YOUR_CALM
+    again = await trio.open_tcp_stream("127.0.0.1", gw.port)
+    with contextlib.suppress(trio.BrokenResourceError):  # on probation: opening a stream costs too
+        await again.send_all(PREFACE + settings() + b"".join(_headers_block(sid) for sid in range(1, 41, 2)))
+    assert await raw_goaway(again) == ENHANCE_YOUR_CALM
+    assert gw.counter("inbound_closed", "h2_flood") == 2
+    await trio.sleep(1.0)  # refilled at 100 tokens a second: room for a well-behaved start again
+    client = await H2Client.open(gw.port)
+    sid = await client.post()
+    with trio.fail_after(5):
+        assert await client.until(h2.events.StreamEnded, stream_id=sid) is not None
+    assert gw.counter("inbound_closed", "h2_flood") == 2
+
+
+ORDINARY_H2 = [
+    pytest.param(
+        "sequential",
+        id="500 reviews one after another on one connection, Go's way (the body, then "
+        "an empty DATA frame with END_STREAM)",
+    ),
+    pytest.param("concurrent", id="200 reviews at once on one connection"),
+    pytest.param("large", id="a 2 MiB review in 16 KiB DATA frames"),
+]
+
+
+@pytest.mark.parametrize("traffic", ORDINARY_H2)
+async def test_h2_ordinary_traffic_stays_within_the_frame_budget(
+    nursery: trio.Nursery, tmp_path: Path, traffic: str
+) -> None:
+    """The frame budget never ends an ordinary client's connection (the controls of the floods above)."""
+    gw = await start(nursery, tmp_path, await _answering_backend(nursery))
+    client = await H2Client.open(gw.port)
+    body = json.dumps(review()).encode()
+    if traffic == "large":
+        obj = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "big"},
+            "data": {"x": "y" * (2 << 20)},
+        }
+        body = json.dumps(review(obj)).encode()
+    count = {"sequential": 500, "concurrent": 200, "large": 1}[traffic]
+    sids = []
+    for _ in range(count):
+        sid = client.conn.get_next_available_stream_id()
+        client.conn.send_headers(sid, client.headers())
+        sids.append(sid)
+        sent = 0
+        while sent < len(body):
+            with trio.fail_after(10):
+                while _window(client, sid) <= 0:
+                    await client.flush()
+                    assert await client.receive()
+            chunk = body[sent : sent + _window(client, sid)]
+            client.conn.send_data(sid, chunk)
+            sent += len(chunk)
+        client.conn.end_stream(sid)  # an empty DATA frame with END_STREAM
+        await client.flush()
+        if traffic == "sequential":
+            with trio.fail_after(10):
+                assert await client.until(h2.events.StreamEnded, stream_id=sid) is not None
+    with trio.fail_after(30):
+        for sid in sids:
+            assert await client.until(h2.events.StreamEnded, stream_id=sid) is not None
+    statuses = {
+        dict(e.headers)[b":status"] for e in client.events if isinstance(e, h2.events.ResponseReceived)
+    }
+    assert statuses == {b"200"}
+    assert not any(isinstance(e, h2.events.ConnectionTerminated) for e in client.events)
+    assert gw.counter("inbound_closed", "h2_flood") == 0
+
+
+def _window(client: H2Client, sid: int) -> int:
+    return min(client.conn.local_flow_control_window(sid), client.conn.max_outbound_frame_size)
+
+
+def _chunked(body: bytes, size: int) -> bytes:
+    return (
+        b"".join(
+            b"%x\r\n%s\r\n" % (len(body[i : i + size]), body[i : i + size]) for i in range(0, len(body), size)
+        )
+        + b"0\r\n\r\n"
+    )
+
+
+CHUNKED = [
+    pytest.param(1, False, id="HTTP/1.1: a review body in one-byte chunks closes the connection (h1_flood)"),
+    pytest.param(8192, True, id="HTTP/1.1: a review body in 8 KiB chunks is answered (the control)"),
+]
+
+
+@pytest.mark.parametrize(("size", "answered"), CHUNKED)
+async def test_http11_tiny_chunks_are_charged(
+    nursery: trio.Nursery, tmp_path: Path, size: int, answered: bool
+) -> None:
+    gw = await start(nursery, tmp_path, await _answering_backend(nursery))
+    obj = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": {"x": "y" * 5000}}
+    body = json.dumps(review(obj)).encode()
+    stream = await trio.open_tcp_stream("127.0.0.1", gw.port)
+    head = b"POST /validate?timeout=20s HTTP/1.1\r\nhost: gw\r\ntransfer-encoding: chunked\r\n\r\n"
+    with contextlib.suppress(trio.BrokenResourceError):
+        await stream.send_all(head + _chunked(body, size))
+    with trio.fail_after(10):
+        try:
+            reply = await read_response(stream)
+        except trio.BrokenResourceError:
+            reply = b""
+    if answered:
+        assert reply.startswith(b"HTTP/1.1 200 "), reply[:100]
+        assert gw.counter("inbound_closed", "h1_flood") == 0
+    else:
+        assert reply == b""
+        assert gw.counter("inbound_closed", "h1_flood") == 1
+        assert await _eventually(lambda: gw.in_flight == 0)
+    assert await _well_behaved(gw) == 200
 
 
 async def test_h2_hpack_bomb_is_contained(nursery: trio.Nursery, tmp_path: Path) -> None:
@@ -919,29 +1075,103 @@ async def test_many_client_closed_connections_are_released_together(
     assert await _well_behaved(gw) == 200
 
 
-async def test_tls_handshake_that_never_completes_is_cut_at_the_header_deadline(
-    nursery: trio.Nursery, virtual_time: trio.testing.MockClock, tmp_path: Path
-) -> None:
-    """TLS: a client that connects and never finishes its handshake is closed at --header-read-timeout."""
-    import trustme
-
+async def _tls_gateway(nursery: trio.Nursery, tmp_path: Path, *args: str) -> tuple[Gateway, ssl.SSLContext]:
+    """The gateway over TLS with ``args``, and a client context (ALPN http/1.1) that trusts it."""
     ca = trustme.CA()
     ca.issue_cert("localhost").private_key_and_cert_chain_pem.write_to_path(tmp_path / "tls.pem")
     pem = str(tmp_path / "tls.pem")
     gw = await start(
-        nursery,
-        tmp_path,
-        await _answering_backend(nursery),
-        "--certfile",
-        pem,
-        "--keyfile",
-        pem,
-        "--header-read-timeout",
-        "0.5",
+        nursery, tmp_path, await _answering_backend(nursery), "--certfile", pem, "--keyfile", pem, *args
     )
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    context.set_alpn_protocols(["http/1.1"])
+    return gw, context
+
+
+async def _tls_review(gw: Gateway, context: ssl.SSLContext) -> int:
+    """One review on a new TLS connection; its status code."""
+    stream = trio.SSLStream(
+        await trio.open_tcp_stream("127.0.0.1", gw.port), context, server_hostname="localhost"
+    )
+    with trio.fail_after(10):
+        await stream.send_all(review_request())
+        reply = await read_response(stream)  # type: ignore[arg-type]
+    await trio.aclose_forcefully(stream)
+    return int(reply.split(b" ", 2)[1]) if reply else 0
+
+
+HANDSHAKE_DEADLINE_CASES = [
+    pytest.param(
+        b"",
+        ["--handshake-timeout", "0.5"],
+        "handshake_timeout",
+        id="a TLS connection that sends nothing is reset at --handshake-timeout",
+    ),
+    pytest.param(
+        b"\x16\x03\x01\x02\x00\x01",
+        ["--handshake-timeout", "0.5"],
+        "handshake_timeout",
+        id="a TLS connection that sends the start of a ClientHello and nothing more is reset at --handshake-timeout",
+    ),
+    pytest.param(
+        b"\x16\x03\x01\x02\x00\x01",
+        ["--header-read-timeout", "0.5"],
+        "header_timeout",
+        id="... or at --header-read-timeout when that is shorter (the first request's head counts from accept)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("sent", "args", "reason"), HANDSHAKE_DEADLINE_CASES)
+async def test_tls_handshake_that_never_completes_is_cut(
+    nursery: trio.Nursery, tmp_path: Path, sent: bytes, args: list[str], reason: str
+) -> None:
+    gw, context = await _tls_gateway(nursery, tmp_path, *args)
     stream = await trio.open_tcp_stream("127.0.0.1", gw.port)
-    since = trio.current_time()
-    await stream.send_all(b"\x16\x03\x01\x02\x00\x01")  # the start of a ClientHello, and nothing more
+    await stream.send_all(sent)
     assert await closed_by_peer(stream, within=5.0)
-    assert trio.current_time() - since == pytest.approx(0.5, abs=0.03)  # virtual time
-    assert gw.counter("inbound_closed", "header_timeout") == 1
+    assert gw.counter("inbound_closed", reason) == 1
+    assert await _eventually(lambda: gw.open_connections == 0)
+    assert await _tls_review(gw, context) == 200
+
+
+async def test_the_oldest_pending_connection_makes_room_for_a_new_one(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """--max-pending-connections: with the bound full of stalled TLS connections, a new connection
+    resets the oldest pending one (counted handshake_evicted) instead of being refused, so a
+    well-behaved caller's handshake still gets through while stalled connections keep arriving."""
+    gw, context = await _tls_gateway(
+        nursery, tmp_path, "--max-pending-connections", "5", "--handshake-timeout", "60"
+    )
+    hello_start = b"\x16\x03\x01\x02\x00\x01"
+    stalled = []
+    for _ in range(5):
+        stalled.append(await trio.open_tcp_stream("127.0.0.1", gw.port))
+        await stalled[-1].send_all(hello_start)
+    assert await _eventually(lambda: gw.open_connections == 5)
+    newest = await trio.open_tcp_stream("127.0.0.1", gw.port)
+    assert await closed_by_peer(stalled[0], within=3.0)  # the oldest is reset
+    assert gw.counter("inbound_closed", "handshake_evicted") == 1
+    assert gw.open_connections == 5
+    for stream in stalled[1:]:
+        assert not await closed_by_peer(stream, within=0.05)
+    assert gw.counter("inbound_rejected", "limit") == 0
+
+    async def keep_stalling() -> None:
+        while True:
+            with contextlib.suppress(OSError):
+                stream = await trio.open_tcp_stream("127.0.0.1", gw.port)
+                await stream.send_all(hello_start)
+                stalled.append(stream)
+            await trio.sleep(0.01)
+
+    nursery.start_soon(keep_stalling)
+    assert await _eventually(lambda: gw.counter("inbound_closed", "handshake_evicted") >= 20)
+    evicted = gw.counter("inbound_closed", "handshake_evicted")
+    for _ in range(5):
+        assert await _tls_review(gw, context) == 200
+    assert gw.counter("inbound_closed", "handshake_evicted") > evicted  # the flood went on meanwhile
+    assert gw.counter("inbound_rejected", "limit") == 0
+    await newest.aclose()

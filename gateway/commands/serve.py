@@ -13,6 +13,15 @@ from gateway.settings import ServeSettings
 SUMMARY = "serve /validate and /mutate (the default command)"
 
 
+def _size(text: str) -> int:
+    from gateway.server.memory import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def build_parser(prog: str, *, usage: str | None = None, epilog: str | None = None) -> Parser:
     p = Parser(
         prog=prog,
@@ -115,11 +124,35 @@ def build_parser(prog: str, *, usage: str | None = None, epilog: str | None = No
     )
     add_option(
         i,
+        "--handshake-timeout",
+        help="reset a connection whose TLS handshake (plaintext: first byte) is not done this long "
+        "after it was accepted; seconds",
+        type=float,
+        default=D.handshake_timeout,
+    )
+    add_option(
+        i,
         "--max-inbound-connections",
-        help="refuse connections beyond this many open ones (0: the file-descriptor limit minus "
-        "--fd-reserve, at most 4096)",
+        help="refuse connections beyond this many open ones (0: derived from the memory limit and the "
+        "file-descriptor limit minus --fd-reserve)",
         type=int,
         default=D.max_inbound_connections,
+    )
+    add_option(
+        i,
+        "--max-pending-connections",
+        help="connections whose TLS handshake is not done yet; one more resets the oldest (0: derived, "
+        "at most a quarter of the connection bound)",
+        type=int,
+        default=D.max_pending_connections,
+    )
+    add_option(
+        i,
+        "--memory-limit",
+        help="the memory the connection bounds are derived from, in bytes or as 256Mi, 1Gi "
+        "(default: the cgroup's memory.max, or the machine's memory)",
+        type=_size,
+        shown_default="the cgroup's limit",
     )
     add_option(
         i,
@@ -132,8 +165,9 @@ def build_parser(prog: str, *, usage: str | None = None, epilog: str | None = No
     add_option(
         i,
         "--h2-control-frame-burst",
-        help="HTTP/2 control frames (SETTINGS, PING, RST_STREAM, WINDOW_UPDATE, PRIORITY, "
-        "CONTINUATION, empty DATA) a connection may send at once before GOAWAY ENHANCE_YOUR_CALM",
+        help="the per-connection frame budget: tokens for HTTP/2 control frames, small DATA frames and "
+        "resets the client makes the gateway send (HTTP/1.1: small chunks), spent at once before GOAWAY "
+        "ENHANCE_YOUR_CALM",
         type=int,
         default=D.h2_control_frame_burst,
     )

@@ -402,20 +402,22 @@ class Metrics:
         self.inbound_closed = _counter(
             "inbound_connections_closed_total",
             "Inbound connections the gateway closed because a limit was reached, per reason: "
+            "handshake_timeout, handshake_evicted (the oldest pending connection made room for a new one), "
             "header_timeout, body_timeout (HTTP/2: the stream is reset), idle_timeout, write_timeout, "
-            "h2_flood, stream_limit (HTTP/2: one stream over the concurrent-stream limit is refused).",
+            "h2_flood (GOAWAY: over the frame budget), h1_flood (HTTP/1.1 over the frame budget: tiny "
+            "chunks), stream_limit (HTTP/2: one stream over the concurrent-stream limit is refused).",
             ("reason",),
         )  # fmt: skip
         self.inbound_rejected = _counter(
             "inbound_connections_rejected_total",
-            "Inbound connections refused at accept, per reason: limit (--max-inbound-connections "
+            "Inbound connections refused at accept, per reason: limit (the connection bound "
             "reached), accept_error (out of file descriptors or memory; accept backs off).",
             ("reason",),
         )  # fmt: skip
         self.h2_goaways = _counter(
             "inbound_h2_goaway_total",
             "GOAWAY frames sent to HTTP/2 callers, per reason: flood (ENHANCE_YOUR_CALM, over the "
-            "control-frame budget), drain (shutting down).",
+            "frame budget), drain (shutting down).",
             ("reason",),
         )  # fmt: skip
         self.certificate_reloads = _counter(
@@ -466,13 +468,9 @@ class Metrics:
         self.config_generation.labels()
         self.config_last_reload_ok.labels()
         for reason in (
-            "header_timeout",
-            "body_timeout",
-            "idle_timeout",
-            "write_timeout",
-            "h2_flood",
-            "stream_limit",
-        ):
+            "handshake_timeout", "handshake_evicted", "header_timeout", "body_timeout", "idle_timeout",
+            "write_timeout", "h2_flood", "h1_flood", "stream_limit",
+        ):  # fmt: skip
             self.inbound_closed.labels(reason)
         for reason in ("limit", "accept_error"):
             self.inbound_rejected.labels(reason)

@@ -6,8 +6,11 @@ the admission path away from everybody else:
 
 - deadlines for reading a request head, a request body, and for an idle keep-alive connection;
 - a write deadline for a response the client does not take (TCP or HTTP/2 flow control);
-- a bound on open inbound connections, derived from the file-descriptor limit;
-- a per-connection budget for HTTP/2 control frames (``ControlFrameBudget``).
+- a bound on open inbound connections, derived from the memory the process may use and from the
+  file-descriptor limit (``connection_bounds``), and a smaller one, with its own deadline, on
+  connections that have not finished their TLS handshake;
+- a per-connection budget for what frames cost beyond the requests they carry (``FrameBudget``):
+  HTTP/2 control frames, small DATA frames, resets the server has to send; HTTP/1.1 small chunks.
 
 ``InboundRuntime`` is the shared state of one listener: the open connections, draining/terminating,
 and the sink its events (connections closed or rejected, by reason) are counted in. docs/inbound.md
@@ -34,16 +37,32 @@ DEFAULT_HEADER_TIMEOUT: Final = 10.0
 DEFAULT_BODY_TIMEOUT: Final = 10.0
 DEFAULT_IDLE_TIMEOUT: Final = 120.0
 DEFAULT_WRITE_TIMEOUT: Final = 10.0
+DEFAULT_HANDSHAKE_TIMEOUT: Final = 5.0
 DEFAULT_FD_RESERVE: Final = 512
-# The derived connection bound never exceeds this: an open connection costs tens of KiB in the
-# server, and kube-apiserver needs a few connections per replica (hundreds over HTTP/1.1).
-MAX_DERIVED_CONNECTIONS: Final = 4096
 
-# HTTP/2 control frames (docs/inbound.md): like nghttp2's "glitch" rate limit, a bucket of 1,000
-# frames refilled at 100 per second; and at most 32 entries in one SETTINGS frame (nghttp2's bound).
+# What connections may cost (docs/inbound.md, "Memory"; measured by `python -m loadtests.abuse
+# stalled` and tests/test_server_memory.py): the bounds keep the process under MEMORY_TARGET of its
+# memory limit with every connection at its most expensive, giving connections CONNECTION_SHARE of
+# what is left after start-up (the rest is for the reviews in flight: bodies, decoded objects,
+# backend connections).
+MEMORY_TARGET: Final = 0.8
+CONNECTION_SHARE: Final = 0.5
+# An established TLS connection at its most expensive: OpenSSL's state with both record buffers, a
+# request head of 15 KB half read, its protocol and tasks (measured 43 KB; idle 15-21 KB).
+CONNECTION_COST: Final = 64 * 1024
+# A connection in its TLS handshake (ClientHello in, the client's Finished awaited): measured 44 KB.
+# Before its ClientHello is whole it costs ~4 KB (its socket and one task).
+HANDSHAKE_COST: Final = 48 * 1024
+# Connections in their handshake may use at most this share of the connections' memory.
+PENDING_SHARE: Final = 0.25
+
+# The frame budget (docs/inbound.md): like nghttp2's "glitch" rate limit, a bucket of 1,000 tokens
+# refilled at 100 per second; and at most 32 entries in one SETTINGS frame (nghttp2's bound).
 DEFAULT_H2_CONTROL_BURST: Final = 1000
 DEFAULT_H2_CONTROL_RATE: Final = 100.0
 DEFAULT_H2_MAX_SETTINGS: Final = 32
+# Client addresses whose frame budget is remembered after a flood (``InboundRuntime.budget_for``).
+MAX_FLOODERS: Final = 4096
 
 # Why a connection was closed by the gateway, or refused (metric label values: a closed set).
 CLOSE_REASONS: Final = (
@@ -52,7 +71,10 @@ CLOSE_REASONS: Final = (
     "idle_timeout",
     "write_timeout",
     "h2_flood",
+    "h1_flood",
     "stream_limit",
+    "handshake_timeout",
+    "handshake_evicted",
     "shutdown",
 )
 REJECT_REASONS: Final = ("limit", "accept_error")
@@ -70,7 +92,9 @@ class InboundLimits:
     body_timeout: float = DEFAULT_BODY_TIMEOUT
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT
     write_timeout: float = DEFAULT_WRITE_TIMEOUT
-    max_connections: int = 0  # 0: derived from RLIMIT_NOFILE (``connection_bound``)
+    max_connections: int = 0  # 0: derived from memory and RLIMIT_NOFILE (``connection_bounds``)
+    max_pending: int = 0  # connections not established yet; 0: derived (``connection_bounds``)
+    handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT
     h2_control_burst: int = DEFAULT_H2_CONTROL_BURST
     h2_control_rate: float = DEFAULT_H2_CONTROL_RATE
     h2_max_settings: int = DEFAULT_H2_MAX_SETTINGS
@@ -88,15 +112,48 @@ def raise_nofile_limit() -> int:
     return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
-def connection_bound(configured: int, *, nofile: int, reserve: int = DEFAULT_FD_RESERVE) -> int:
-    """The inbound connection bound: ``configured``, or the fd limit minus a reserve (at most 4,096).
+@dataclass(frozen=True, slots=True)
+class ConnectionBounds:
+    """How many inbound connections one gateway process may hold, and what decided it."""
 
-    The reserve keeps descriptors for the backend connection pools, configuration and certificate
-    files and the listeners; with a small fd limit at most half of it goes to the reserve.
+    connections: int  # open connections, pending ones included
+    pending: int  # connections that have not finished their TLS handshake
+    fds: int  # the bound the file-descriptor limit allows
+    memory: int | None  # the bound memory allows (None: not derived from memory)
+
+
+def connection_bounds(
+    limits: InboundLimits,
+    *,
+    nofile: int,
+    reserve: int = DEFAULT_FD_RESERVE,
+    memory_limit: int | None,
+    resident: int,
+    processes: int = 1,
+) -> ConnectionBounds:
+    """The inbound connection bounds: configured ones, else derived from descriptors and memory.
+
+    Descriptors: the fd limit minus a reserve for the backend connection pools, configuration and
+    certificate files and the listeners (with a small fd limit at most half of it goes to the
+    reserve). Memory: ``memory_limit`` (the cgroup's, shared by ``processes`` gateway processes)
+    times ``MEMORY_TARGET``, minus what this process holds already (``resident``), of which
+    connections get ``CONNECTION_SHARE``: as many as fit at ``CONNECTION_COST`` each, and of those
+    as many pending ones as fit in ``PENDING_SHARE`` of it at ``HANDSHAKE_COST`` each. The pending
+    bound is at most a quarter of the connection bound.
     """
-    if configured > 0:
-        return configured
-    return max(1, min(MAX_DERIVED_CONNECTIONS, nofile - min(reserve, nofile // 2)))
+    fds = max(1, nofile - min(reserve, nofile // 2))
+    memory = pending_memory = None
+    if memory_limit is not None:
+        usable = max(0.0, memory_limit * MEMORY_TARGET / max(1, processes) - resident) * CONNECTION_SHARE
+        memory = max(1, int(usable / CONNECTION_COST))
+        pending_memory = max(1, int(usable * PENDING_SHARE / HANDSHAKE_COST))
+    connections = limits.max_connections if limits.max_connections > 0 else min(fds, memory or fds)
+    pending = limits.max_pending
+    if pending <= 0:
+        pending = max(1, connections // 4)
+        if pending_memory is not None:
+            pending = min(pending, pending_memory)
+    return ConnectionBounds(connections, min(pending, connections), fds, memory)
 
 
 class InboundEvents(Protocol):
@@ -133,9 +190,17 @@ class InboundRuntime:
     limits: InboundLimits = field(default_factory=InboundLimits)
     events: InboundEvents = field(default_factory=NullEvents)
     max_connections: int = 1 << 20
+    max_pending: int = 1 << 20  # connections not established yet (``PendingConnection``)
     draining: bool = False
     terminating: bool = False
     connections: set[Any] = field(default_factory=set)
+    # Not established yet (TLS handshake under way), oldest first: the first to go when full.
+    pending: dict[Any, None] = field(default_factory=dict)
+    # Called with the number of open connections when one closes (``memory.HeapTrimmer``).
+    on_closed: Callable[[int], object] | None = None
+    # The frame budgets of client addresses whose connection was ended for going over it, oldest
+    # first (``flooded``, ``budget_for``): their next connection starts where the last one ended.
+    flooders: dict[str, tuple[float, float]] = field(default_factory=dict)
     # Requests whose app has been started and not yet ended, on every connection of the listener:
     # zero means the gateway is otherwise idle (the HTTP/1.1 protocol runs the next app inline then).
     requests_in_flight: int = 0
@@ -144,14 +209,64 @@ class InboundRuntime:
 
     @property
     def open_connections(self) -> int:
-        return len(self.connections)
+        return len(self.connections) + len(self.pending)
 
     def admit(self) -> bool:
         """True if one more connection may open; otherwise it is counted as rejected."""
-        if len(self.connections) < self.max_connections:
+        if len(self.connections) + len(self.pending) < self.max_connections:
             return True
         self.events.connection_rejected("limit")
         return False
+
+    def budget_for(self, address: str, now: float) -> FrameBudget:
+        """A new connection's frame budget: full, unless its address flooded the gateway recently.
+
+        A budget per connection alone would let a client that was cut off for flooding reconnect and
+        flood again with a full bucket, as often as it can open connections; its next connection
+        starts with the bucket its last one left, refilled since at the budget's rate. The memory of
+        such addresses is bounded (``MAX_FLOODERS``, the oldest forgotten first), and an address is
+        forgotten once its bucket would be full again. Ordinary clients never get here.
+        """
+        limits = self.limits
+        tokens = float(limits.h2_control_burst)
+        saved = self.flooders.get(address)
+        if saved is not None:
+            tokens = min(tokens, saved[0] + (now - saved[1]) * limits.h2_control_rate)
+            if tokens >= limits.h2_control_burst:
+                del self.flooders[address]
+                saved = None
+        budget = FrameBudget(
+            limits.h2_control_burst, limits.h2_control_rate, limits.h2_max_settings, now=now, tokens=tokens
+        )
+        budget.probation = saved is not None
+        return budget
+
+    def flooded(self, address: str, budget: FrameBudget, now: float) -> None:
+        """A connection from ``address`` went over its frame budget: remember where it ended."""
+        self.flooders.pop(address, None)
+        # Not below zero: how far over it went says nothing about the next connection, which
+        # starts empty and refills at the rate (a flooder gets `rate` frames a second at most).
+        self.flooders[address] = (max(0.0, budget.tokens(now)), now)
+        while len(self.flooders) > MAX_FLOODERS:
+            del self.flooders[next(iter(self.flooders))]
+
+    def begin_pending(self, connection: Any) -> Any:
+        """Register a connection that is not established yet; the oldest one to evict, if full."""
+        evicted = None
+        if len(self.pending) >= self.max_pending:
+            evicted = next(iter(self.pending))
+            del self.pending[evicted]
+        self.pending[connection] = None
+        return evicted
+
+    def end_pending(self, connection: Any) -> None:
+        """It is established (and registers in ``connections``), or gone."""
+        self.pending.pop(connection, None)
+
+    def closed(self) -> None:
+        """An established connection has closed."""
+        if self.on_closed is not None:
+            self.on_closed(len(self.connections) + len(self.pending))
 
     def start_draining(self) -> None:
         """Keep serving, but tell callers to move away (Connection: close / GOAWAY)."""
@@ -162,7 +277,7 @@ class InboundRuntime:
     def terminate(self) -> None:
         """Stop: idle connections close at once, busy ones once their requests are answered."""
         self.draining = self.terminating = True
-        for connection in list(self.connections):
+        for connection in [*self.connections, *self.pending]:
             connection.poke()
 
     def accept_failed(self, exc: OSError, *, now: Callable[[], float] = time.monotonic) -> None:
@@ -178,39 +293,107 @@ class InboundRuntime:
             )
 
 
-class ControlFrameBudget:
-    """Counts the HTTP/2 frames a client sends that cost the server work but carry no request data.
+class FrameBudget:
+    """What one connection's frames cost the server beyond the requests they carry, as a token bucket.
 
-    SETTINGS, PING, RST_STREAM, WINDOW_UPDATE, PRIORITY, CONTINUATION, empty DATA without
-    END_STREAM and frames of unknown types each take one token from a bucket of ``burst`` tokens
-    refilled at ``rate`` per second; a SETTINGS frame with more than ``max_settings`` entries is over
-    budget by itself. The scanner reads only the 9-byte frame headers of the raw byte stream (after
-    the 24-byte connection preface), so it costs almost nothing for ordinary traffic.
+    Frames, not bytes, are what cost a Python server: each is parsed, becomes an event and goes
+    through the protocol and often the app's queue, whatever its size. A request and its body in
+    frames of ordinary size are free; everything else takes tokens from a bucket of ``burst``
+    tokens refilled at ``rate`` per second, and a connection whose bucket runs dry is over budget
+    (HTTP/2: GOAWAY ENHANCE_YOUR_CALM; HTTP/1.1: closed). The costs (docs/inbound.md, "Frame budget"):
+
+    - 1: SETTINGS, PING, RST_STREAM, WINDOW_UPDATE, PRIORITY, CONTINUATION, GOAWAY, PUSH_PROMISE,
+      frames of unknown types, and HEADERS on a stream already open (trailers);
+    - a DATA frame that does not end its stream: ``(SMALL - size) / SMALL`` when it carries less than
+      ``SMALL`` (4 KiB) — 1 for an empty one, ~1 for a one-byte one, nothing from 4 KiB up (a real
+      client fills frames up to 16 KiB); the frame that ends a stream is free;
+    - ``RESET_COST`` (10) for every RST_STREAM the *server* sends (``charge``): a stream the client
+      made the server reset (DATA after END_STREAM — "MadeYouReset", CVE-2025-8671 —, a refused
+      stream, a malformed request) starts and cancels work, and nghttp2, Go and Envoy count them;
+    - HTTP/1.1: a chunk of a chunked body, as a DATA frame (``charge``);
+    - 1 for a HEADERS frame opening a stream while the client's address is on probation: one of its
+      connections went over budget, and its bucket carries over (``InboundRuntime.budget_for``).
+
+    A SETTINGS frame with more than ``max_settings`` entries is over budget by itself. The scanner
+    reads only the 9-byte frame headers of the raw byte stream (after the 24-byte connection
+    preface), so it costs almost nothing for ordinary traffic. The shape follows nghttp2's
+    per-connection "glitch" rate limit.
     """
 
-    __slots__ = ("_at", "_header", "_max_settings", "_preface", "_rate", "_skip", "_tokens", "burst")
+    __slots__ = (
+        "_at",
+        "_header",
+        "_highest",
+        "_max_settings",
+        "_preface",
+        "_rate",
+        "_skip",
+        "_tokens",
+        "burst",
+        "probation",
+    )
 
     # Frame types (RFC 9113 §6).
     _DATA, _HEADERS, _PRIORITY, _RST, _SETTINGS, _PUSH, _PING, _GOAWAY, _WINDOW, _CONT = range(10)
+    SMALL: Final = 4096
+    RESET_COST: Final = 10.0
 
-    def __init__(self, burst: int, rate: float, max_settings: int, *, now: float = 0.0) -> None:
+    def __init__(
+        self,
+        burst: int,
+        rate: float,
+        max_settings: int,
+        *,
+        now: float = 0.0,
+        preface: int = 24,
+        tokens: float | None = None,
+    ) -> None:
         self.burst = burst
         self._rate = rate
         self._max_settings = max_settings
-        self._tokens = float(burst)
+        self._tokens = float(burst) if tokens is None else tokens
         self._at = now
-        self._preface = 24
+        self._preface = preface
         self._header = b""
         self._skip = 0
+        self._highest = 0  # the highest stream id a HEADERS frame opened
+        # The address flooded recently (``InboundRuntime.budget_for``): opening a stream costs too.
+        self.probation = False
+
+    @property
+    def preface_done(self) -> bool:
+        return self._preface == 0
+
+    def tokens(self, now: float) -> float:
+        """The tokens left at ``now`` (negative once over budget)."""
+        return min(self.burst, self._tokens + (now - self._at) * self._rate)
+
+    def for_chunks(self) -> FrameBudget:
+        """The same bucket for an HTTP/1.1 connection: no preface, no SETTINGS to bound."""
+        self._preface = 0
+        return self
+
+    def charge(self, cost: float, now: float) -> bool:
+        """Take ``cost`` tokens at ``now``; False once the connection is over budget."""
+        self._tokens = min(self.burst, self._tokens + (now - self._at) * self._rate) - cost
+        self._at = now
+        return self._tokens >= 0
+
+    def small(self, size: int, now: float) -> bool:
+        """A DATA frame (or chunk) of ``size`` bytes that does not end its body; False when over."""
+        if size >= self.SMALL:
+            return True
+        return self.charge((self.SMALL - size) / self.SMALL, now)
 
     def feed(self, data: bytes, now: float) -> bool:
-        """Account for ``data`` received at ``now``; False once the client is over budget."""
+        """Account for the HTTP/2 ``data`` received at ``now``; False once the client is over budget."""
         pos, end = 0, len(data)
         if self._preface:
             taken = min(self._preface, end)
             self._preface -= taken
             pos = taken
-        cost = 0
+        cost = 0.0
+        small = self.SMALL
         while pos < end:
             if self._skip:
                 step = min(self._skip, end - pos)
@@ -228,18 +411,19 @@ class ControlFrameBudget:
             length = int.from_bytes(header[0:3], "big")
             kind, flags = header[3], header[4]
             self._skip = length
-            if kind in (self._HEADERS, self._GOAWAY):
-                continue
             if kind == self._DATA:
-                if length == 0 and not flags & 0x1:
-                    cost += 1
+                if not flags & 0x1 and length < small:
+                    cost += (small - length) / small
                 continue
-            if kind == self._SETTINGS and length // 6 > self._max_settings:
+            if kind == self._HEADERS:
+                stream = int.from_bytes(header[5:9], "big") & 0x7FFFFFFF
+                if stream > self._highest:  # opens a stream: a request
+                    self._highest = stream
+                    if not self.probation:
+                        continue
+            elif kind == self._SETTINGS and length // 6 > self._max_settings:
                 return False
             cost += 1
         if cost:
-            self._tokens = min(self.burst, self._tokens + (now - self._at) * self._rate) - cost
-            self._at = now
-            if self._tokens < 0:
-                return False
+            return self.charge(cost, now)
         return True

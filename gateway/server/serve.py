@@ -35,8 +35,15 @@ from gateway.server.hypercorn.version import check_versions
 from gateway.server.limits import (
     InboundLimits,
     InboundRuntime,
-    connection_bound,
+    connection_bounds,
     raise_nofile_limit,
+)
+from gateway.server.memory import (
+    HeapTrimmer,
+    limit_malloc_arenas,
+    memory_limit,
+    physical_memory,
+    resident_bytes,
 )
 from gateway.settings import ServeSettings
 from gateway.wire.tls import server_context
@@ -91,12 +98,14 @@ async def serve(
     handle_signals: bool = True,
     readiness: Readiness | None = None,
     shared_state: SharedBackendState | None = None,
+    processes: int = 1,
     task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the gateway until SIGTERM/SIGINT (or ``Running.shutdown()``), then drain and return.
 
     ``shared_state``: a worker's tables of per-backend state shared with the other workers
     (``--workers N``); circuits, bulkheads' counts and endpoint ejections then live there.
+    ``processes``: how many gateway processes share this one's memory limit (``--workers``).
     """
     from gateway.dispatch.policy import GuardedBackends
     from gateway.dispatch.shadow import ShadowCalls
@@ -110,6 +119,7 @@ async def serve(
     check_versions()  # hypercorn's and h11's internals are used: only verified releases run
     strict = bool(options.strict_https)
     nofile = raise_nofile_limit()  # as Go programs do: the hard limit is what the operator allows
+    limit_malloc_arenas()  # before any thread starts (gateway.server.memory)
 
     def load(generation: int) -> Snapshot:  # start-up and every reload: what `check` runs too
         snapshot = load_config(
@@ -141,16 +151,10 @@ async def serve(
     if tls is not None:
         observer.serving_certificate_loaded(tls.certfile)
     limits = inbound_limits(options)
-    runtime = InboundRuntime(
-        limits=limits,
-        events=observer,
-        max_connections=connection_bound(
-            limits.max_connections,
-            nofile=nofile,
-            reserve=options.fd_reserve,
-        ),
-    )
+    runtime = inbound_runtime(limits, options, observer, nofile=nofile, processes=processes)
     observer.set_inbound_source(lambda: runtime.open_connections)
+    trimmer = HeapTrimmer()
+    runtime.on_closed = trimmer.connections_changed
     readiness = readiness if readiness is not None else Readiness()  # a worker passes one (--workers)
     shutdown_requested = trio.Event()
 
@@ -217,6 +221,8 @@ async def serve(
             conversions=_conversion_service(caller, options, observer),
         )
         observer.watch_pool(pool)
+        if trimmer.available:
+            nursery.start_soon(trimmer.run)
 
         def on_reload(result: str, problems: Sequence[Any]) -> None:
             if result == "success":
@@ -350,6 +356,35 @@ def _oserrors(exc: BaseException) -> Iterator[OSError]:
         yield exc
 
 
+def inbound_runtime(
+    limits: InboundLimits, options: ServeSettings, observer: Any, *, nofile: int, processes: int
+) -> InboundRuntime:
+    """The listener's runtime, with the connection bounds derived from descriptors and memory."""
+    detected = memory_limit()
+    limit = options.memory_limit or detected or physical_memory()
+    bounds = connection_bounds(
+        limits,
+        nofile=nofile,
+        reserve=options.fd_reserve,
+        memory_limit=limit,
+        resident=resident_bytes(),
+        processes=processes,
+    )
+    log.info(
+        "inbound connection bounds",
+        connections=bounds.connections,
+        pending=bounds.pending,
+        by_memory=bounds.memory,
+        by_file_descriptors=bounds.fds,
+        memory_limit=limit,
+        memory_limit_from="--memory-limit" if options.memory_limit else "cgroup" if detected else "machine",
+        processes=processes,
+    )
+    return InboundRuntime(
+        limits=limits, events=observer, max_connections=bounds.connections, max_pending=bounds.pending
+    )
+
+
 def inbound_limits(options: ServeSettings) -> InboundLimits:
     """The inbound limits from the settings."""
     return InboundLimits(
@@ -358,6 +393,8 @@ def inbound_limits(options: ServeSettings) -> InboundLimits:
         idle_timeout=options.idle_timeout,
         write_timeout=options.write_timeout,
         max_connections=options.max_inbound_connections,
+        max_pending=options.max_pending_connections,
+        handshake_timeout=options.handshake_timeout,
         h2_control_burst=options.h2_control_frame_burst,
         h2_control_rate=options.h2_control_frame_rate,
         h2_max_settings=InboundLimits().h2_max_settings,

@@ -550,10 +550,12 @@ async def _run_worker(
 
             async def serve_then_stop(task_status: trio.TaskStatus[Running]) -> None:
                 await serve(
+                    # The workers share the pod's memory limit (the connection bounds: docs/inbound.md).
                     options,
                     observer=observer,
                     readiness=readiness,
                     shared_state=shared,
+                    processes=spec.workers,
                     task_status=task_status,
                 )
                 nursery.cancel_scope.cancel()

@@ -13,8 +13,12 @@ module              replaces (hypercorn)         why
 ==================  ===========================  ==============================================
 ``listener``        ``worker_serve``             connection bound, accept back-off, TLS context
                                                  per accept, the gateway's TLS stream
+``handshake``       ``TCPServer``'s handshake    pending connections: no TLS state before the
+                                                 ClientHello, own bound (evicts the oldest),
+                                                 own deadline
 ``tcp_server``      ``TCPServer``                crash fix (Busy on send), deadlines on
-                                                 handshake/heads/bodies/writes, prompt release
+                                                 heads/bodies/writes, prompt release, no
+                                                 reference cycles left when closed
 ``watchdog``        ``TCPServer``'s idle task    header and idle deadlines; one timer per
                                                  connection (speed)
 ``protocol``        ``ProtocolWrapper``          builds the classes below for this listener's

@@ -81,7 +81,7 @@ def server_config(
     cfg.keep_alive_max_requests = 2**31
     cfg.keep_alive_timeout = cfg.inbound.limits.idle_timeout  # > the apiserver's 90 s idle timeout
     cfg.h2_max_concurrent_streams = 250
-    cfg.ssl_handshake_timeout = cfg.inbound.limits.header_timeout
+    cfg.ssl_handshake_timeout = cfg.inbound.limits.handshake_timeout  # enforced by handshake.py
     cfg.graceful_timeout = shutdown_timeout
     cfg.backlog = 1024
     return cfg

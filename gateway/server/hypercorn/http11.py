@@ -43,6 +43,7 @@ from hypercorn.protocol.h11 import STREAM_ID, H2ProtocolAssumedError, H11Protoco
 from gateway.server.http11_fast import PlainRequest, closes, frame_reply, framing_error, parse_plain_request
 from gateway.server.hypercorn.config import runtime_of
 from gateway.server.hypercorn.http_stream import GatewayHTTPStream
+from gateway.server.limits import FrameBudget
 from gateway.wire.h11_private import Headers as H11Headers
 
 __all__ = ["GatewayH11Protocol"]
@@ -94,6 +95,26 @@ class GatewayH11Protocol(H11Protocol):
     _held = b""
     _exchange: _FastExchange | None = None
     _gone = False  # a fast exchange closed the connection
+    _budget: FrameBudget | None = None  # for the chunks of chunked bodies, made at the first one
+    _chunk = 0  # bytes of the chunk being read
+
+    def _chunk_within_budget(self) -> bool:
+        """The frame budget for HTTP/1.1: a whole chunk is charged like a DATA frame of its size.
+
+        A chunk costs h11, this protocol and the app's queue the same work whether it carries one
+        byte or 16 KiB; a body in tiny chunks is a flood of them (docs/inbound.md, "Frame budget").
+        Its size is the chunk's as the client framed it, however TCP split it into reads.
+        """
+        now = trio.current_time()
+        budget = self._budget
+        if budget is None:
+            address = self.client[0] if self.client else ""
+            budget = self._budget = runtime_of(self.config).budget_for(address, now).for_chunks()
+        return budget.small(self._chunk, now)
+
+    def release(self) -> None:
+        """The connection has closed: drop what refers back to it (``GatewayTCPServer._release``)."""
+        self.send = self.task_group = self.stream = self._exchange = None  # type: ignore[assignment]
 
     async def handle(self, event: Any) -> None:
         if type(event) is RawData:
@@ -204,9 +225,20 @@ class GatewayH11Protocol(H11Protocol):
                 break
             kind = type(event)
             if kind is h11.Data:
+                data: h11.Data = event  # type: ignore[assignment]
+                if data.chunk_start:
+                    self._chunk = 0
+                self._chunk += len(data.data)
+                if data.chunk_end and not self._chunk_within_budget():
+                    runtime = runtime_of(self.config)
+                    assert self._budget is not None
+                    runtime.flooded(self.client[0] if self.client else "", self._budget, trio.current_time())
+                    runtime.events.connection_closed("h1_flood")
+                    await self.send(Closed())
+                    break
                 if pending is not None:
                     await self._pass_body(pending, end=False)
-                pending = bytes(event.data)  # type: ignore[union-attr]
+                pending = bytes(data.data)
                 continue
             if pending is not None:
                 ended, body, pending = kind is h11.EndOfMessage, pending, None

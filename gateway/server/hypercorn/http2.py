@@ -11,8 +11,9 @@ Reasons:
   stream to close makes ``H2Protocol`` send GOAWAY, which can happen before the END_STREAM of that
   stream's reply is written (the reply then ends with a protocol error for the caller). A stream
   reports itself closed only once its reply has left the send buffer.
-- **Limits.** The control-frame budget (SETTINGS, PING, RST_STREAM, WINDOW_UPDATE, ... floods:
-  GOAWAY ENHANCE_YOUR_CALM; ``gateway.server.limits.ControlFrameBudget``), h2's memory of
+- **Limits.** The frame budget (SETTINGS, PING, RST_STREAM, WINDOW_UPDATE, ... floods, small DATA
+  frames, and the resets a client makes the server send — MadeYouReset, CVE-2025-8671: GOAWAY
+  ENHANCE_YOUR_CALM; ``gateway.server.limits.FrameBudget``), h2's memory of
   closed streams bounded per connection (``gateway.wire.H2_CLOSED_STREAMS_REMEMBERED``), and a
   stream over the concurrent-stream limit refused alone (RST_STREAM REFUSED_STREAM) where h2
   would end the connection and every stream on it (``_ServerConnection``).
@@ -45,7 +46,7 @@ from hyperframe.frame import RstStreamFrame
 
 from gateway.server.hypercorn.config import runtime_of
 from gateway.server.hypercorn.task_group import StreamTaskGroup
-from gateway.server.limits import ControlFrameBudget
+from gateway.server.limits import FrameBudget
 from gateway.wire import H2_CLOSED_STREAMS_REMEMBERED
 
 __all__ = ["GuardedH2Protocol"]
@@ -65,6 +66,13 @@ class _ServerConnection(h2.connection.H2Connection):
     """
 
     on_refused: Callable[[], object] = staticmethod(lambda: None)  # counts a refused stream
+    on_reset: Callable[[], object] = staticmethod(lambda: None)  # charges an RST_STREAM the server sends
+
+    def _prepare_for_sending(self, frames: list[Any]) -> None:
+        for f in frames:
+            if type(f) is RstStreamFrame:
+                self.on_reset()
+        super()._prepare_for_sending(frames)
 
     def _receive_headers_frame(self, frame: Any) -> tuple[list[Any], list[h2.events.Event]]:
         sid = frame.stream_id
@@ -105,18 +113,30 @@ class GuardedH2Protocol(H2Protocol):
         connection = _ServerConnection(config=self.connection.config)
         connection.DEFAULT_MAX_INBOUND_FRAME_SIZE = self.connection.DEFAULT_MAX_INBOUND_FRAME_SIZE
         connection.local_settings = self.connection.local_settings
+        self.connection._frame_dispatch_table.clear()  # freed now, not by the cyclic GC (release)
         self.connection = connection
         events = runtime_of(self.config).events
         connection.on_refused = lambda: events.connection_closed("stream_limit")
+        connection.on_reset = self._reset_sent
         # Protection: a caller cycling streams would make h2 remember 2**16 closed ones (~11.5 MB)
         # on every connection; the new connection has closed none yet (see gateway.wire).
         self.connection._closed_streams = h2.utilities.SizeLimitDict(size_limit=H2_CLOSED_STREAMS_REMEMBERED)
-        limits = runtime_of(self.config).limits
-        self.budget = ControlFrameBudget(
-            limits.h2_control_burst, limits.h2_control_rate, limits.h2_max_settings, now=trio.current_time()
-        )
+        self._address = self.client[0] if self.client else ""
+        self.budget = runtime_of(self.config).budget_for(self._address, trio.current_time())
         self._sent = trio.lowlevel.ParkingLot()
         self.flooded = False
+        self._over = False  # the resets this connection made the server send put it over budget
+
+    def _reset_sent(self) -> None:
+        if not self.budget.charge(FrameBudget.RESET_COST, trio.current_time()):
+            self._over = True
+
+    def release(self) -> None:
+        """The connection has closed: drop what refers back to it (``GatewayTCPServer._release``)."""
+        self.send = self.task_group = None  # type: ignore[assignment]
+        self.streams.clear()
+        self.stream_buffers.clear()
+        self.connection._frame_dispatch_table.clear()  # h2's only cycle: its own bound methods
 
     async def handle(self, event: Any) -> None:
         if (
@@ -129,11 +149,15 @@ class GuardedH2Protocol(H2Protocol):
         await super().handle(event)
         if isinstance(event, Closed):
             self._sent.unpark_all()
+        elif self._over and not self.flooded and not self.closed:
+            await self._calm_down()
 
     async def _calm_down(self) -> None:
-        """Over the control-frame budget: GOAWAY ENHANCE_YOUR_CALM, then close (counted)."""
+        """Over the frame budget: GOAWAY ENHANCE_YOUR_CALM, then close (counted)."""
         self.flooded = True
-        events = runtime_of(self.config).events
+        runtime = runtime_of(self.config)
+        runtime.flooded(self._address, self.budget, trio.current_time())
+        events = runtime.events
         events.h2_goaway("flood")
         events.connection_closed("h2_flood")
         with contextlib.suppress(h2.exceptions.ProtocolError):

@@ -6,12 +6,14 @@ hypercorn's ``worker_serve`` accepts with ``trio.serve_listeners``, which logs e
 listener's lifetime. Reasons for this loop:
 
 - **Limit.** A connection beyond ``InboundRuntime.max_connections`` is refused at once (counted,
-  reset so that it costs no TIME_WAIT here); new limits on accepting belong here.
+  reset so that it costs no TIME_WAIT here); new limits on accepting belong here. An accepted
+  connection is pending (``handshake.PendingConnection``: its own bound, which evicts the oldest,
+  and deadline) until its TLS handshake is done; only then is its server built.
 - **Crash fix.** On EMFILE/ENFILE/ENOMEM/ENOBUFS it backs off (10 ms doubling to 1 s) with one
   rate-limited log line and no traceback, while the connections it has keep being served.
-- **Certificate rotation.** Each accepted socket is wrapped in TLS with the *current* context of
-  ``tls_context()``, so a rotated certificate is used by the next handshake and a broken one never
-  is (``serve.ReloadableTLS``).
+- **Certificate rotation.** Each connection is wrapped in TLS with the *current* context of
+  ``tls_context()`` when its ClientHello is in, so a rotated certificate is used by the next
+  handshake and a broken one never is (``serve.ReloadableTLS``).
 - **Measured speed.** The TLS stream is the gateway's own (``gateway.wire.tls_stream``), about half
   the CPU of trio's per round trip (docs/performance.md).
 
@@ -37,9 +39,9 @@ from hypercorn.typing import ConnectionState
 from hypercorn.utils import repr_socket_addr
 
 from gateway.server.hypercorn.config import runtime_of
+from gateway.server.hypercorn.handshake import PendingConnection
 from gateway.server.hypercorn.tcp_server import GatewayTCPServer
 from gateway.server.limits import ACCEPT_CAPACITY_ERRNOS, InboundRuntime
-from gateway.wire.tls_stream import TLSSocketStream
 
 # A connection that went away between the kernel's accept queue and accept(): not our problem.
 _ACCEPT_IGNORED = frozenset(
@@ -118,15 +120,32 @@ async def _accept_loop(
         if not runtime.admit():
             _refuse(sock)
             continue
-        stream: Any = trio.SocketStream(sock)
-        if tls_context is not None:
-            try:
-                stream = TLSSocketStream(stream, tls_context(), server_side=True)
-            except OSError:  # the caller already reset the connection; the socket is closed
-                continue
-        server = connection(stream)
-        runtime.connections.add(server)  # counted from accept, not from when its task first runs
-        handlers.start_soon(server.run)
+        pending = PendingConnection(sock, trio.current_time())
+        evicted = runtime.begin_pending(pending)  # counted from accept, not from when its task runs
+        if evicted is not None:
+            evicted.evict()
+        handlers.start_soon(_serve_connection, pending, connection, tls_context, runtime)
+
+
+async def _serve_connection(
+    pending: PendingConnection,
+    connection: Callable[[Any], GatewayTCPServer],
+    tls_context: Callable[[], ssl.SSLContext] | None,
+    runtime: InboundRuntime,
+) -> None:
+    """One connection's task: established (``PendingConnection``), then served (``GatewayTCPServer``)."""
+    try:
+        stream, reason = await pending.establish(tls_context, runtime.limits)
+    finally:
+        runtime.end_pending(pending)
+    if stream is None:
+        if reason:
+            runtime.events.connection_closed(reason)
+        runtime.closed()
+        return
+    server = connection(stream)
+    server.opened = pending.opened
+    await server.run()
 
 
 def _refuse(sock: trio.socket.SocketType) -> None:

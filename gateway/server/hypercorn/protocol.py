@@ -51,6 +51,11 @@ class ConnectionProtocol:
         else:
             self.protocol = GatewayH11Protocol(*self._args)
 
+    def release(self) -> None:
+        """The connection has closed: break the references back to it (``GatewayTCPServer._release``)."""
+        self._args = ()  # type: ignore[assignment]
+        self.protocol.release()
+
     async def initiate(self) -> None:
         await self.protocol.initiate()
 

@@ -54,6 +54,12 @@ class GatewayTaskGroup(TaskGroup):
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 
+    def release(self) -> None:
+        """The connection has closed: forget it (``GatewayTCPServer._release``)."""
+        self._server = None
+        self._nursery = None
+        self._inline = None
+
     def cancel_after(self, seconds: float) -> None:
         if self._nursery is not None:
             scope = self._nursery.cancel_scope

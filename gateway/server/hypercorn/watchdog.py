@@ -57,6 +57,11 @@ class Watchdog:
         if self._scope is not None:
             self._scope.cancel()
 
+    def release(self) -> None:
+        """The connection has closed: forget it (``GatewayTCPServer._release``)."""
+        self._server = None  # type: ignore[assignment]
+        self._scope = None
+
     def stop(self) -> None:
         """The client went away: nothing is left to time out."""
         self.deadline, self.reason = math.inf, ""

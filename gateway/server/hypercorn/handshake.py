@@ -1,0 +1,134 @@
+"""``PendingConnection`` replaces the TLS handshake at the start of hypercorn's ``TCPServer.run``:
+a connection from accept until it is established — its TLS handshake done (plaintext: its first
+bytes arrived) — when the per-connection server (``GatewayTCPServer``) takes over.
+
+Reasons (limits; docs/inbound.md, "Connections that are not established yet"):
+
+- **Cheap while nothing happens.** Anyone who can reach the port can open connections that send
+  nothing, or half a ClientHello. Such a connection holds its socket and one task here: no SSL
+  object (9 KB), no OpenSSL record buffers (33 KB, allocated by the first handshake step that
+  finds nothing to read), no protocol, nursery or timer task. The SSL object is made once the
+  whole first TLS record (the ClientHello) is in the socket's receive buffer: the kernel wakes
+  the task only then (``SO_RCVLOWAT``), not at every byte, and holds the bytes meanwhile. Measured
+  in docs/inbound.md ("Memory"): 46 KB per stalled connection before, a few KB now.
+- **A bound of its own** (``InboundRuntime.max_pending``, ``--max-pending-connections``). When it
+  is full, the *oldest* pending connection is reset to make room for the new one: a well-behaved
+  client's handshake takes milliseconds, so an attacker who keeps the bound full only ever
+  evicts his own connections, where refusing new ones would refuse everybody's.
+- **A deadline of its own** (``--handshake-timeout``), and a reset (no FIN, no TIME_WAIT) for a
+  connection cut here: it never said anything worth a graceful close.
+
+A bound on concurrent handshakes (their CPU) belongs around ``do_handshake`` in ``establish``.
+
+Byte-level tests: tests/test_server_inbound.py (stalled connections, the bound and its eviction,
+the deadline, over real sockets) and tests/test_server_memory.py (their cost, through a real
+gateway process).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket as stdlib_socket
+import ssl
+import struct
+from collections.abc import Callable
+from typing import Any, Final
+
+import trio
+
+from gateway.server.limits import InboundLimits
+from gateway.wire.tls_stream import TLSSocketStream
+
+__all__ = ["PendingConnection"]
+
+# A TLS record header: content type (22: handshake), version (2 bytes), length (2 bytes).
+_RECORD_HEADER: Final = 5
+_HANDSHAKE: Final = 0x16
+# The largest record a ClientHello may come in (RFC 8446 §5.1: 2^14 bytes of plaintext; §5.2 allows
+# 256 more for a protected record). Anything larger is OpenSSL's to refuse, without waiting for it.
+_MAX_RECORD: Final = _RECORD_HEADER + (1 << 14) + 256
+_LINGER_RESET: Final = struct.pack("ii", 1, 0)
+
+
+class PendingConnection:
+    """One accepted connection that is not established yet (registered in ``InboundRuntime.pending``)."""
+
+    __slots__ = ("_scope", "evicted", "opened", "sock", "stream")
+
+    def __init__(self, sock: trio.socket.SocketType, opened: float) -> None:
+        self.sock = sock
+        self.opened = opened  # when it was accepted (its first request's head deadline counts from here)
+        self.stream: Any = None
+        self.evicted = False
+        self._scope: trio.CancelScope | None = None
+
+    def evict(self) -> None:
+        """Reset it now: the pending bound is full and this is the oldest."""
+        self.evicted = True
+        self.poke()
+
+    def poke(self) -> None:
+        """The listener terminates (or evicts): stop waiting."""
+        if self._scope is not None:
+            self._scope.cancel()
+        else:  # its task has not started yet
+            self._scope = trio.CancelScope()
+            self._scope.cancel()
+
+    async def establish(
+        self, tls_context: Callable[[], ssl.SSLContext] | None, limits: InboundLimits
+    ) -> tuple[Any, str]:
+        """The connection's stream once established, or None and why not (a close reason, or "").
+
+        Its deadline is ``--handshake-timeout`` after accept, or ``--header-read-timeout`` when that
+        is shorter (the first request's head counts from accept as well).
+        """
+        timeout, late = limits.handshake_timeout, "handshake_timeout"
+        if limits.header_timeout < timeout:
+            timeout, late = limits.header_timeout, "header_timeout"
+        scope = self._scope if self._scope is not None else trio.CancelScope()
+        self._scope = scope
+        scope.deadline = self.opened + timeout
+        with scope:
+            try:
+                if tls_context is None:
+                    await trio.lowlevel.wait_readable(self.sock)  # the first bytes of a request
+                    return trio.SocketStream(self.sock), ""
+                await _client_hello(self.sock)
+                self.stream = TLSSocketStream(trio.SocketStream(self.sock), tls_context(), server_side=True)
+                await self.stream.do_handshake()
+                return self.stream, ""
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+                self._reset()  # the client went away or spoke no TLS: nothing to count
+                return None, ""
+        self._reset()
+        if self.evicted:
+            return None, "handshake_evicted"
+        return None, late if trio.current_time() >= scope.deadline else ""
+
+    def _reset(self) -> None:
+        sock = self.stream.socket if self.stream is not None else self.sock
+        with contextlib.suppress(OSError):
+            sock.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_LINGER, _LINGER_RESET)
+        if self.stream is not None:
+            self.stream.socket.close()
+        else:
+            self.sock.close()
+
+
+async def _client_hello(sock: trio.socket.SocketType) -> None:
+    """Wait until the first TLS record is whole in the receive buffer (or the client is gone).
+
+    ``SO_RCVLOWAT`` makes the socket readable only once that many bytes are buffered, so the task
+    wakes twice (for the record header, then for the record) however the client splits its bytes.
+    What is not a TLS handshake record is left to OpenSSL, which refuses it at once.
+    """
+    sock.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_RCVLOWAT, _RECORD_HEADER)
+    await trio.lowlevel.wait_readable(sock)
+    header = await sock.recv(_RECORD_HEADER, stdlib_socket.MSG_PEEK)
+    if len(header) == _RECORD_HEADER and header[0] == _HANDSHAKE:
+        need = _RECORD_HEADER + int.from_bytes(header[3:5], "big")
+        if need <= _MAX_RECORD:
+            sock.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_RCVLOWAT, need)
+            await trio.lowlevel.wait_readable(sock)
+    sock.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_RCVLOWAT, 1)
