@@ -183,6 +183,11 @@ class Connection(Protocol):
     def poke(self) -> None: ...
 
 
+AtOnce = Callable[
+    [bytes, bytes, list[tuple[bytes, bytes]], bytes], "tuple[int, list[tuple[bytes, bytes]], bytes] | None"
+]
+
+
 @dataclass(eq=False)
 class InboundRuntime:
     """The state one listener's connections share: limits, open connections, draining, events."""
@@ -205,6 +210,10 @@ class InboundRuntime:
     # zero means the gateway is otherwise idle (the HTTP/1.1 protocol runs the next app inline then).
     requests_in_flight: int = 0
     last_request_at: float = -math.inf  # trio time the last plain HTTP/1.1 request was read
+    # The application's answer to a request it decides at once, where the server read it (a review
+    # the overload gate sheds: ``GatewayApp.answer_at_once``), given (method, target, headers,
+    # body) of a plain HTTP/1.1 request whose body came whole; None: the ASGI path as usual.
+    answer_at_once: AtOnce | None = None
     _accept_log_at: float = -math.inf
 
     @property
