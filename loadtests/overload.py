@@ -487,9 +487,22 @@ def table(capacity: float, args: argparse.Namespace, results: list[ModeResult]) 
                 f"{s.p99_ms:8.1f}  {s.max_ms:8.1f}  {s.late:5d}  {s.failed_open_pct:10.1f}"
                 f"  {s.new_connections_per_s:10,.1f}  {s.generator_lag_p99_ms:21,.1f}"
             )
+    paced = [
+        f"{r.mode} {s.name}"
+        for r in results
+        for s in r.segments
+        if s.generator_lag_p99_ms > 100.0 * args.timeout  # 10 % of the caller's timeout
+    ]
+    if paced:
+        lines.append(
+            "note: the generator itself started reviews late (p99 over 10 % of the timeout) in "
+            + ", ".join(paced)
+            + ": it set the pace there (its own CPU: the second CPU % below)"
+        )
     lines.append("")
     lines.append(
-        "mode        shed   RSS MB before / max / end   normal again after the drop   gateway CPU s  errors"
+        "mode        shed   RSS MB before / max / end   normal again after the drop"
+        "   CPU % gateway / generator+fleet  errors"
     )
     for r in results:
         mbs = [mb for _, mb in r.rss_mb if not math.isnan(mb)]
