@@ -137,6 +137,7 @@ class GuardedH2Protocol(H2Protocol):
         self.streams.clear()
         self.stream_buffers.clear()
         self.connection._frame_dispatch_table.clear()  # h2's only cycle: its own bound methods
+        vars(self.connection).pop("on_reset", None)  # our hook, a bound method of this protocol
 
     async def handle(self, event: Any) -> None:
         if (
