@@ -205,6 +205,8 @@ class InboundRuntime:
     # zero means the gateway is otherwise idle (the HTTP/1.1 protocol runs the next app inline then).
     requests_in_flight: int = 0
     last_request_at: float = -math.inf  # trio time the last plain HTTP/1.1 request was read
+    # Where the connections' header and idle deadlines are kept (the listener's ``Deadlines``).
+    deadlines: Any = None
     _accept_log_at: float = -math.inf
 
     @property

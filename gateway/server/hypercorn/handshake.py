@@ -53,11 +53,12 @@ _LINGER_RESET: Final = struct.pack("ii", 1, 0)
 class PendingConnection:
     """One accepted connection that is not established yet (registered in ``InboundRuntime.pending``)."""
 
-    __slots__ = ("_scope", "evicted", "opened", "sock", "stream")
+    __slots__ = ("_scope", "evicted", "opened", "peer", "sock", "stream")
 
-    def __init__(self, sock: trio.socket.SocketType, opened: float) -> None:
-        self.sock = sock
+    def __init__(self, sock: stdlib_socket.socket, opened: float, peer: Any = None) -> None:
+        self.sock = sock  # non-blocking, as accept() returned it (no trio socket object around it)
         self.opened = opened  # when it was accepted (its first request's head deadline counts from here)
+        self.peer = peer  # the client's address, as accept() returned it
         self.stream: Any = None
         self.evicted = False
         self._scope: trio.CancelScope | None = None
@@ -93,9 +94,9 @@ class PendingConnection:
             try:
                 if tls_context is None:
                     await trio.lowlevel.wait_readable(self.sock)  # the first bytes of a request
-                    return trio.SocketStream(self.sock), ""
+                    return trio.SocketStream(trio.socket.from_stdlib_socket(self.sock)), ""
                 await _client_hello(self.sock)
-                self.stream = TLSSocketStream(trio.SocketStream(self.sock), tls_context(), server_side=True)
+                self.stream = TLSSocketStream(self.sock, tls_context(), server_side=True)
                 await self.stream.do_handshake()
                 return self.stream, ""
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
@@ -116,19 +117,62 @@ class PendingConnection:
             self.sock.close()
 
 
-async def _client_hello(sock: trio.socket.SocketType) -> None:
+async def _client_hello(sock: stdlib_socket.socket) -> None:
     """Wait until the first TLS record is whole in the receive buffer (or the client is gone).
 
     ``SO_RCVLOWAT`` makes the socket readable only once that many bytes are buffered, so the task
     wakes twice (for the record header, then for the record) however the client splits its bytes.
     What is not a TLS handshake record is left to OpenSSL, which refuses it at once.
+
+    Speed: a client usually sends its ClientHello in one segment right after connecting, so by the
+    time the connection's task runs the record is often whole already; a peek finds it and
+    nothing is set or waited for (docs/inbound.md, "What a new connection costs").
     """
+    if _whole_record(sock):
+        return
     sock.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_RCVLOWAT, _RECORD_HEADER)
-    await trio.lowlevel.wait_readable(sock)
-    header = await sock.recv(_RECORD_HEADER, stdlib_socket.MSG_PEEK)
-    if len(header) == _RECORD_HEADER and header[0] == _HANDSHAKE:
-        need = _RECORD_HEADER + int.from_bytes(header[3:5], "big")
-        if need <= _MAX_RECORD:
+    try:
+        await trio.lowlevel.wait_readable(sock)
+        need = _record_size(sock)
+        if need:
             sock.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_RCVLOWAT, need)
             await trio.lowlevel.wait_readable(sock)
-    sock.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_RCVLOWAT, 1)
+    finally:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_RCVLOWAT, 1)
+
+
+# Where the first record is peeked at (one buffer: the event loop runs one peek at a time).
+_PEEK: Final = bytearray(_MAX_RECORD)
+
+
+def _peek(sock: stdlib_socket.socket) -> int:
+    """How many bytes of the first record are buffered (0: nothing yet; the client's EOF raises)."""
+    try:
+        n = sock.recv_into(_PEEK, _MAX_RECORD, stdlib_socket.MSG_PEEK | stdlib_socket.MSG_DONTWAIT)
+    except (BlockingIOError, InterruptedError):
+        return 0
+    if n == 0:
+        raise trio.BrokenResourceError("the client closed the connection before its ClientHello")
+    return n
+
+
+def _record_size(sock: stdlib_socket.socket) -> int:
+    """The first record's size once its header is in, if it is a handshake record still incomplete
+    (0: whole, or not for us to wait for)."""
+    n = _peek(sock)
+    if n < _RECORD_HEADER or _PEEK[0] != _HANDSHAKE:
+        return 0
+    need = _RECORD_HEADER + int.from_bytes(_PEEK[3:5], "big")
+    return need if n < need <= _MAX_RECORD else 0
+
+
+def _whole_record(sock: stdlib_socket.socket) -> bool:
+    """True if the first record (or anything OpenSSL can refuse at once) is already buffered."""
+    n = _peek(sock)
+    if n < _RECORD_HEADER:
+        return False
+    if _PEEK[0] != _HANDSHAKE:
+        return True
+    need = _RECORD_HEADER + int.from_bytes(_PEEK[3:5], "big")
+    return n >= need or need > _MAX_RECORD
