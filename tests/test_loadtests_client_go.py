@@ -411,8 +411,9 @@ def test_a_burst_is_reported_per_segment_for_nginx_and_the_gateway_with_the_gene
     assert list(rows) == ["direct", "nginx", "gateway"]
     (capacity,) = doc["capacities"][0]
     for name, row in rows.items():
-        assert row["errors"] == {} and row["late"] == 0, name
+        assert row["errors"] == {}, name  # wrong answers; late ones depend on the machine, not asserted
         assert [s["name"] for s in row["segments"]] == ["before", "burst", "after"], name
+        assert sum(s["missing"] for s in row["segments"]) == row["late"], f"{name}: late reviews per segment"
         before, burst, _after = row["segments"]
         assert (before["seconds"], burst["seconds"]) == (1.0, 1.0)
         assert "recovery_s" in row and row["normal_p99_ms"] > 0

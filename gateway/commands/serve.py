@@ -149,10 +149,9 @@ def build_parser(prog: str, *, usage: str | None = None, epilog: str | None = No
     add_option(
         i,
         "--memory-limit",
-        help="the memory the connection bounds are derived from, in bytes or as 256Mi, 1Gi "
-        "(default: the cgroup's memory.max, or the machine's memory)",
+        help="the memory the connection bounds are derived from, in bytes or as 256Mi, 1Gi",
         type=_size,
-        shown_default="the cgroup's limit",
+        shown_default="the cgroup's memory.max, or the machine's memory",
     )
     add_option(
         i,

@@ -137,8 +137,7 @@ class GuardedH2Protocol(H2Protocol):
         self.streams.clear()
         self.stream_buffers.clear()
         self.connection._frame_dispatch_table.clear()  # h2's only cycle: its own bound methods
-        # A bound method of this protocol, a cycle through it: back to the class's no-op.
-        vars(self.connection).pop("on_reset", None)
+        vars(self.connection).pop("on_reset", None)  # our hook, a bound method of this protocol
 
     async def handle(self, event: Any) -> None:
         if (
