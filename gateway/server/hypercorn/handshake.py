@@ -18,7 +18,9 @@ Reasons (limits; docs/inbound.md, "Connections that are not established yet"):
 - **A deadline of its own** (``--handshake-timeout``), and a reset (no FIN, no TIME_WAIT) for a
   connection cut here: it never said anything worth a graceful close.
 
-A bound on concurrent handshakes (their CPU) belongs around ``do_handshake`` in ``establish``.
+- **Established connections first** (``HandshakeGate``, ``--handshake-burst``): a handshake's
+  crypto waits for a token, and tokens come back when the event loop has run everything else;
+  waiting handshakes go newest first.
 
 Byte-level tests: tests/test_server_inbound.py (stalled connections, the bound and its eviction,
 the deadline, over real sockets) and tests/test_server_memory.py (their cost, through a real
@@ -35,11 +37,12 @@ from collections.abc import Callable
 from typing import Any, Final
 
 import trio
+import trio.testing
 
 from gateway.server.limits import InboundLimits
 from gateway.wire.tls_stream import TLSSocketStream
 
-__all__ = ["PendingConnection"]
+__all__ = ["HandshakeGate", "PendingConnection"]
 
 # A TLS record header: content type (22: handshake), version (2 bytes), length (2 bytes).
 _RECORD_HEADER: Final = 5
@@ -77,7 +80,10 @@ class PendingConnection:
             self._scope.cancel()
 
     async def establish(
-        self, tls_context: Callable[[], ssl.SSLContext] | None, limits: InboundLimits
+        self,
+        tls_context: Callable[[], ssl.SSLContext] | None,
+        limits: InboundLimits,
+        gate: HandshakeGate | None = None,
     ) -> tuple[Any, str]:
         """The connection's stream once established, or None and why not (a close reason, or "").
 
@@ -96,6 +102,8 @@ class PendingConnection:
                     await trio.lowlevel.wait_readable(self.sock)  # the first bytes of a request
                     return trio.SocketStream(trio.socket.from_stdlib_socket(self.sock)), ""
                 await _client_hello(self.sock)
+                if gate is not None:
+                    await gate.admit()  # behind the established connections' work
                 self.stream = TLSSocketStream(self.sock, tls_context(), server_side=True)
                 await self.stream.do_handshake()
                 return self.stream, ""
@@ -176,3 +184,77 @@ def _whole_record(sock: stdlib_socket.socket) -> bool:
         return True
     need = _RECORD_HEADER + int.from_bytes(_PEEK[3:5], "big")
     return n >= need or need > _MAX_RECORD
+
+
+class HandshakeGate:
+    """Admits TLS handshakes behind the established connections' work, the newest first.
+
+    A server handshake's first step (the ClientHello in, the server's flight out) costs ~250 µs of
+    CPU on the event loop, more than a review. Run as soon as each ClientHello is in, a burst of new
+    connections delays every established connection's reviews by the whole burst's crypto, the
+    client (client-go) dials more connections for the reviews that now wait, and the stall feeds
+    itself (docs/performance.md, "Driven as the kube-apiserver drives it"). Here a handshake first
+    takes one of ``burst`` tokens; the tokens come back only when the event loop has nothing else
+    to run (``trio.testing.wait_all_tasks_blocked``: every established connection's runnable work
+    is done), or one token every ``max_delay`` seconds when it never gets there, so a new
+    connection never waits forever for an idle moment. So at most ``burst`` handshakes run between
+    two idle moments of the loop: how many handshakes run per second follows how far behind the
+    loop is, with no constant rate to tune.
+
+    Waiting handshakes are admitted newest first: under a flood of dials the newest has the most
+    of its caller's time left (client-go gives up on a TLS handshake after 10 s; the caller's
+    webhook timeout is often 1–3 s), and an old one that waited past ``--handshake-timeout`` is
+    reset by its own deadline (``PendingConnection.establish``), so none waits longer than that.
+    """
+
+    __slots__ = ("_burst", "_max_delay", "_tokens", "_waiters", "_wake", "running")
+
+    def __init__(self, burst: int, max_delay: float = 0.01) -> None:
+        self._burst = max(1, burst)
+        self._max_delay = max_delay
+        self._tokens = self._burst
+        self._waiters: list[trio.Event] = []  # waiting handshakes, oldest first
+        self._wake = trio.Event()
+        self.running = False
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    async def admit(self) -> None:
+        """Wait for this connection's turn to compute its handshake (cancellable: its deadline)."""
+        if self._tokens and not self._waiters:
+            self._tokens -= 1
+            if not self._tokens:
+                self._wake.set()
+            return
+        turn = trio.Event()
+        self._waiters.append(turn)
+        self._wake.set()
+        try:
+            await turn.wait()
+        except BaseException:
+            if turn.is_set():  # admitted and cancelled at once: the token goes to the next one
+                self._tokens += 1
+                self._wake.set()
+            else:
+                self._waiters.remove(turn)
+            raise
+
+    async def run(self) -> None:
+        """Give the tokens back at the loop's idle moments, to the newest waiting handshakes first."""
+        self.running = True
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            idle = False
+            with trio.move_on_after(self._max_delay):
+                await trio.testing.wait_all_tasks_blocked()
+                idle = True
+            self._tokens = self._burst if idle else max(self._tokens, 1)
+            waiters = self._waiters
+            while self._tokens and waiters:
+                self._tokens -= 1
+                waiters.pop().set()
+            if waiters:
+                self._wake.set()  # more to admit at the next idle moment

@@ -8,7 +8,8 @@ listener's lifetime. Reasons for this loop:
 - **Limit.** A connection beyond ``InboundRuntime.max_connections`` is refused at once (counted,
   reset so that it costs no TIME_WAIT here); new limits on accepting belong here. An accepted
   connection is pending (``handshake.PendingConnection``: its own bound, which evicts the oldest,
-  and deadline) until its TLS handshake is done; only then is its server built.
+  and deadline) until its TLS handshake is done; only then is its server built. Its handshake is
+  computed when ``handshake.HandshakeGate`` admits it, behind the established connections.
 - **Crash fix.** On EMFILE/ENFILE/ENOMEM/ENOBUFS it backs off (10 ms doubling to 1 s) with one
   rate-limited log line and no traceback, while the connections it has keep being served.
 - **Certificate rotation.** Each connection is wrapped in TLS with the *current* context of
@@ -45,7 +46,7 @@ from hypercorn.typing import ConnectionState
 from hypercorn.utils import parse_socket_addr, repr_socket_addr
 
 from gateway.server.hypercorn.config import runtime_of
-from gateway.server.hypercorn.handshake import PendingConnection
+from gateway.server.hypercorn.handshake import HandshakeGate, PendingConnection
 from gateway.server.hypercorn.tcp_server import GatewayTCPServer
 from gateway.server.hypercorn.watchdog import Deadlines
 from gateway.server.limits import ACCEPT_CAPACITY_ERRNOS, InboundRuntime
@@ -91,6 +92,9 @@ async def serve_inbound(
     runtime.deadlines = deadlines
     async with trio.open_nursery() as timers:
         timers.start_soon(deadlines.run)  # every connection's deadlines: one task (``watchdog``)
+        if tls_context is not None and runtime.limits.handshake_burst > 0:
+            runtime.handshakes = HandshakeGate(runtime.limits.handshake_burst)
+            timers.start_soon(runtime.handshakes.run)
         async with trio.open_nursery() as handlers:
             async with trio.open_nursery() as acceptors:
                 for sock in listening:
@@ -163,7 +167,7 @@ async def _serve_connection(
 ) -> None:
     """One connection's task: established (``PendingConnection``), then served (``GatewayTCPServer``)."""
     try:
-        stream, reason = await pending.establish(tls_context, runtime.limits)
+        stream, reason = await pending.establish(tls_context, runtime.limits, runtime.handshakes)
     finally:
         runtime.end_pending(pending)
     if stream is None:

@@ -72,10 +72,10 @@ class Watchdog:
         if self._deadlines is not None:
             self._deadlines.schedule(self, math.inf)
 
-    def expired(self, now: float) -> None:
-        """Its bucket's time has come (``Deadlines.run``)."""
+    def expired(self) -> None:
+        """Its bucket's time has come (``Deadlines.run``): its deadline, in that bucket, has passed."""
         server = self._server
-        if server is not None and now >= self.deadline:
+        if server is not None:
             server.abort(self.reason)
 
 
@@ -131,4 +131,4 @@ class Deadlines:
             while heap and heap[0] * RESOLUTION <= now:
                 for watchdog in buckets.pop(heapq.heappop(heap), ()):
                     watchdog._bucket = 0
-                    watchdog.expired(now)
+                    watchdog.expired()
