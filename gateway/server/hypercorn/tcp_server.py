@@ -99,7 +99,8 @@ class GatewayTCPServer(TCPServer):
         """Draining or terminating began (``Watchdog.poke``): react in a task of this connection."""
         group = self._task_group
         if group is not None and group._nursery is not None:
-            group.spawn(self.lifecycle)
+            with contextlib.suppress(RuntimeError):  # the connection is closing: nothing to react
+                group.spawn(self.lifecycle)
         else:
             self._poked = True  # not served yet: ``_serve`` looks when it starts
 
