@@ -147,7 +147,7 @@ GATE_CASES = [
     pytest.param(
         ["--handshake-burst", "1"],
         True,
-        id="--handshake-burst 1 while the event loop never goes idle: handshakes still go through, one per 10 ms",
+        id="--handshake-burst 1 while the event loop never goes idle: handshakes still go through, --handshake-burst per 10 ms",
     ),
     pytest.param(["--handshake-burst", "0"], False, id="--handshake-burst 0: no gate"),
 ]
