@@ -383,7 +383,11 @@ def test_bad_burst_is_refused_with_the_reason(text: str, shares: bool, message: 
 # Against a real gateway: the report's structure and counters (timings are not asserted)
 
 
-def _loadtests(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+def _loadtests(
+    tmp_path: Path, *args: str, late_allowed: bool = False
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """Run the load tool; ``late_allowed``: reviews abandoned at their deadline are the machine's doing
+    (a burst on a loaded machine), and the exit code must say whether there were any."""
     out = tmp_path / "result.json"
     proc = subprocess.run(
         [sys.executable, "-m", "loadtests", "passthrough", "--quick", "--duration", "1", "--no-progress",
@@ -394,8 +398,11 @@ def _loadtests(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[
         timeout=120,
         check=False,
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc, json.loads(out.read_text())
+    assert proc.returncode in ((0, 1) if late_allowed else (0,)), proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    late = sum(row["late"] for point in doc["points"] for row in point["median"].values())
+    assert proc.returncode == (1 if late else 0), "exit 1 exactly when a review was late"
+    return proc, doc
 
 
 @pytest.mark.slow
@@ -405,7 +412,7 @@ def test_a_burst_is_reported_per_segment_for_nginx_and_the_gateway_with_the_gene
     require_tool("nginx")
     # Below the capacity even in the burst: a test asserts the report, not how a shared machine copes.
     proc, doc = _loadtests(
-        tmp_path, "--rate", "25%", "--poisson", "--burst", "75%:1", "--nginx", "--gc-stats"
+        tmp_path, "--rate", "25%", "--poisson", "--burst", "75%:1", "--nginx", "--gc-stats", late_allowed=True
     )
     rows = doc["points"][0]["median"]
     assert list(rows) == ["direct", "nginx", "gateway"]
@@ -419,7 +426,7 @@ def test_a_burst_is_reported_per_segment_for_nginx_and_the_gateway_with_the_gene
         assert "recovery_s" in row and row["normal_p99_ms"] > 0
         conns = row["connections"]
         assert conns["per_review"] == conns["opened"] / (row["ok"] + row["late"])
-        assert conns["dial_errors"] == 0
+        assert conns["dial_errors"] == 0 or row["late"] > 0, f"{name}: dials fail only in a collapse"
         assert row["generator_cpu_pct"] > 0 and row["generator_lag_p99_ms"] >= 0
         assert row["generator_gc_max_ms"] >= 0 and row["generator_gc_pct"] >= 0, "the generator's own gc"
         assert row["cpu_wait_pct"] >= 0 and row["generator_cpu_wait_pct"] >= 0, "time runnable, not running"
