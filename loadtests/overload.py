@@ -87,16 +87,19 @@ class Answers:
     due: array[float] = field(default_factory=lambda: array("d"))  # seconds from the schedule start
     latency: array[float] = field(default_factory=lambda: array("d"))  # NaN: no answer in time
     failed_open: array[int] = field(default_factory=lambda: array("b"))
+    # How late the generator started each review (its own schedule lag: when large, it set the pace).
+    start_lag: array[float] = field(default_factory=lambda: array("d"))
     errors: dict[str, int] = field(default_factory=dict)
 
-    def add(self, due: float, latency: float, failed_open: bool = False) -> None:
+    def add(self, due: float, latency: float, failed_open: bool = False, start_lag: float = 0.0) -> None:
         self.due.append(due)
         self.latency.append(latency)
         self.failed_open.append(int(failed_open))
+        self.start_lag.append(start_lag)
 
-    def error(self, due: float, kind: str) -> None:
+    def error(self, due: float, kind: str, start_lag: float = 0.0) -> None:
         self.errors[kind] = self.errors.get(kind, 0) + 1
-        self.add(due, math.nan)
+        self.add(due, math.nan, start_lag=start_lag)
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,8 @@ class SegmentResult:
     late: int  # not answered inside the caller's ?timeout=
     failed_open_pct: float  # answered with the fail-open annotations (every backend skipped or failed)
     new_connections_per_s: float = 0.0  # connections the caller opened (their handshakes completed)
+    generator_lag_p99_ms: float = 0.0  # how late the generator itself started its reviews (p99)
+    full_rps: float = 0.0  # answered in time with every backend called (not shed, not failed open)
 
 
 @dataclass
@@ -196,11 +201,15 @@ def summarize_segment(
     seg: Segment, answers: Answers, timeout: float, dials: list[float] | None = None
 ) -> SegmentResult:
     lats: list[float] = []
+    lags: list[float] = []
     late = opened = n = 0
-    for due, lat, fo in zip(answers.due, answers.latency, answers.failed_open, strict=True):
+    for due, lat, fo, lag in zip(
+        answers.due, answers.latency, answers.failed_open, answers.start_lag, strict=True
+    ):
         if not seg.start <= due < seg.start + seg.seconds:
             continue
         n += 1
+        lags.append(lag)
         if math.isnan(lat) or lat > timeout:
             late += 1
             continue
@@ -221,6 +230,8 @@ def summarize_segment(
         late,
         100.0 * opened / max(len(lats), 1),
         sum(1 for t in dials or () if seg.start <= t < seg.start + seg.seconds) / seg.seconds,
+        percentile(sorted(lags), 99) * 1000 if lags else math.nan,
+        (len(lats) - opened) / seg.seconds,
     )
 
 
@@ -241,16 +252,17 @@ class Caller:
         self.counter += 1
         uid = f"0ad0ad00-0000-4000-8000-{self.counter:012x}"
         due = due_at - origin
+        lag = trio.current_time() - due_at
         try:
             # An expired review is never put on the wire (waiting for a connection counts too).
             status, body = await self.policy.round_trip(
                 worker, self.path, self.template.body(uid), due_at + self.timeout
             )
         except AbandonedError:
-            answers.add(due, math.nan)
+            answers.add(due, math.nan, start_lag=lag)
             return
         except (ConnectionLostError, DialError, OSError):
-            answers.error(due, "connection-lost")
+            answers.error(due, "connection-lost", lag)
             return
         latency = trio.current_time() - due_at
         try:
@@ -258,10 +270,10 @@ class Caller:
         except msgspec.DecodeError:
             reply = None
         if reply is None or reply.uid != uid or not reply.allowed:
-            answers.error(due, f"http-{status}" if status != 200 else "wrong-answer")
+            answers.error(due, f"http-{status}" if status != 200 else "wrong-answer", lag)
             return
         failed_open = any(k.startswith("failed-open.") for k in reply.auditAnnotations or {})
-        answers.add(due, latency, failed_open)
+        answers.add(due, latency, failed_open, lag)
 
 
 async def probe_capacity(
@@ -286,6 +298,77 @@ async def probe_capacity(
         nursery.cancel_scope.cancel()
     answered = sum(1 for lat in answers.latency if not math.isnan(lat))
     return answered / elapsed
+
+
+@dataclass
+class CostResult:
+    """One closed loop against one gateway: answered reviews/s and the gateway's CPU per review."""
+
+    mode: str
+    connections: int
+    reviews_per_s: float
+    cpu_us_per_review: float
+    failed_open_pct: float
+    others_cpu_us_per_review: float  # the generator and the fleet: near 1e6 / reviews/s, they set the pace
+
+
+async def measure_cost(
+    mode: str, target: tuple[Endpoint, int, int], connections: int, seconds: float, timeout: float
+) -> CostResult:
+    """Closed loop over ``connections`` client-go connections: reviews/s and gateway CPU µs per
+    review (what a review costs the gateway when it is answered in full, or shed)."""
+    endpoint, pid, fleet_pid = target
+    answers = Answers()
+    async with trio.open_nursery() as nursery:
+        caller = Caller(make_policy("client-go", endpoint, nursery, max_idle=MAX_IDLE_PER_HOST), timeout)
+
+        async def handle(worker: int, _intended: float) -> None:
+            await caller.call(worker, trio.current_time(), answers, 0.0)
+
+        await drive_closed_loop(connections, min(1.0, seconds), None, handle)  # warm-up
+        answers = Answers()
+        cpu = processes.proc_cpu_seconds(pid)
+        others = processes.self_cpu_seconds() + processes.proc_cpu_seconds(fleet_pid)
+        start = trio.current_time()
+        await drive_closed_loop(connections, seconds, None, handle)
+        elapsed = trio.current_time() - start
+        cpu = processes.proc_cpu_seconds(pid) - cpu
+        others = processes.self_cpu_seconds() + processes.proc_cpu_seconds(fleet_pid) - others
+        caller.policy.close_all()
+        nursery.cancel_scope.cancel()
+    answered = sum(1 for lat in answers.latency if not math.isnan(lat))
+    opened = sum(answers.failed_open)
+    return CostResult(
+        mode,
+        connections,
+        answered / elapsed,
+        1e6 * cpu / max(answered, 1),
+        100.0 * opened / max(answered, 1),
+        1e6 * others / max(answered, 1),
+    )
+
+
+def cost_table(results: list[CostResult]) -> str:
+    full = next((r for r in results if r.mode == "full"), None)
+    lines = ["what a review costs the gateway (closed loop, client-go connections):", ""]
+    lines.append(
+        "mode        connections  reviews/s  CPU µs/review  shed share %  ÷ full  generator+fleet µs/review"
+    )
+    for r in results:
+        ratio = r.cpu_us_per_review / full.cpu_us_per_review if full else math.nan
+        lines.append(
+            f"{r.mode:<11} {r.connections:11d}  {r.reviews_per_s:9,.0f}  {r.cpu_us_per_review:13,.0f}"
+            f"  {r.failed_open_pct:12.1f}  {ratio:6.2f}  {r.others_cpu_us_per_review:25,.0f}"
+        )
+    shed = next((r for r in results if r.mode == "shed"), None)
+    if full and shed:
+        k = full.cpu_us_per_review / shed.cpu_us_per_review
+        lines.append("")
+        lines.append(
+            f"shedding alone absorbs at most {k:.1f} x capacity; with 25 % of capacity still decided "
+            f"in full, {0.25 + 0.75 * k:.1f} x"
+        )
+    return "\n".join(lines)
 
 
 async def _scrape_shed(endpoint: Endpoint) -> int:
@@ -392,19 +475,34 @@ def table(capacity: float, args: argparse.Namespace, results: list[ModeResult]) 
         f"overload {args.factor:g} x = {args.factor * capacity:,.0f}/s for {args.seconds:g} s; "
         f"?timeout={args.timeout:g}s; {args.backends} validating backends (20 ms, Ignore)",
         "",
-        "mode        segment   offered/s  in time/s   p50 ms    p99 ms    max ms   late  fail-open %"
-        "  new conn/s",
+        "mode        segment   offered/s  in time/s  in time %  full/s  full % of capacity   p50 ms    p99 ms"
+        "    max ms   late  fail-open %  new conn/s  generator late p99 ms",
     ]
     for r in results:
         for s in r.segments:
             lines.append(
-                f"{r.mode:<11} {s.name:<9} {s.offered_rps:9,.0f}  {s.answered_rps:9,.0f}  {s.p50_ms:7.1f}  "
+                f"{r.mode:<11} {s.name:<9} {s.offered_rps:9,.0f}  {s.answered_rps:9,.0f}"
+                f"  {100 * s.answered_rps / max(s.offered_rps, 1e-9):9.2f}  {s.full_rps:6,.0f}"
+                f"  {100 * s.full_rps / capacity:18.1f}  {s.p50_ms:7.1f}  "
                 f"{s.p99_ms:8.1f}  {s.max_ms:8.1f}  {s.late:5d}  {s.failed_open_pct:10.1f}"
-                f"  {s.new_connections_per_s:10,.1f}"
+                f"  {s.new_connections_per_s:10,.1f}  {s.generator_lag_p99_ms:21,.1f}"
             )
+    paced = [
+        f"{r.mode} {s.name}"
+        for r in results
+        for s in r.segments
+        if s.generator_lag_p99_ms > 100.0 * args.timeout  # 10 % of the caller's timeout
+    ]
+    if paced:
+        lines.append(
+            "note: the generator itself started reviews late (p99 over 10 % of the timeout) in "
+            + ", ".join(paced)
+            + ": it set the pace there (its own CPU: the second CPU % below)"
+        )
     lines.append("")
     lines.append(
-        "mode        shed   RSS MB before / max / end   normal again after the drop   gateway CPU s  errors"
+        "mode        shed   RSS MB before / max / end   normal again after the drop"
+        "   CPU % gateway / generator+fleet  errors"
     )
     for r in results:
         mbs = [mb for _, mb in r.rss_mb if not math.isnan(mb)]
@@ -453,6 +551,30 @@ async def run(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[flo
             await processes.wait_ready(endpoint, proc)
             return endpoint, proc.pid
 
+        if args.shed_cost:
+            costs = []
+            for mode, flags in (("full", []), ("shed", ["--shed-max-event-loop-lag", "0.000001"])):
+                args.modes[mode] = flags
+                endpoint, pid = await start(mode)
+                say(f"{mode}: closed loop, {args.cost_connections} connections, {args.probe_seconds:g} s …")
+                if mode == "shed" and args.profile is not None:
+                    exe = processes.py_spy()
+                    if exe is None:
+                        raise RuntimeError("--profile needs py-spy")
+                    profiler = processes.spawn_profiler(exe, pid, args.profile, args.probe_seconds)
+                costs.append(
+                    await measure_cost(
+                        mode,
+                        (endpoint, pid, fleet.pid),
+                        args.cost_connections,
+                        args.probe_seconds,
+                        args.timeout,
+                    )
+                )
+                if mode == "shed" and args.profile is not None:
+                    await trio.to_thread.run_sync(profiler.wait)
+            args.costs = costs
+            return math.nan, []
         capacity = args.capacity
         if capacity is None:
             say("measuring capacity (no shedding) …")
@@ -531,6 +653,19 @@ def main(argv: list[str]) -> int:
     )
     p.add_argument("--gateway-arg", action="append", default=[], help="extra argument for every gateway")
     p.add_argument("--no-pin", dest="pin", action="store_false", help="do not pin the gateway to its own CPU")
+    p.add_argument(
+        "--shed-cost",
+        action="store_true",
+        help="instead of the schedule: a closed loop against a gateway answering every review in "
+        "full and one shedding every review, and the gateway's CPU per review in each",
+    )
+    p.add_argument(
+        "--cost-connections",
+        type=int,
+        default=25,
+        help="--shed-cost: the closed loop's connections (default 25, client-go's idle connections)",
+    )
+    p.add_argument("--profile", type=Path, help="--shed-cost: py-spy the shedding gateway (.svg or .txt)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, help="write the result (with per-second windows and RSS) as JSON")
     p.add_argument("--quick", action="store_true", help="a few seconds in all: a correctness smoke")
@@ -554,6 +689,11 @@ def main(argv: list[str]) -> int:
     except RuntimeError as exc:
         say(f"error: {exc}")
         return 2
+    if args.shed_cost:
+        print(cost_table(args.costs))
+        if args.json:
+            args.json.write_text(json.dumps([asdict(c) for c in args.costs], indent=2))
+        return 0
     print(table(capacity, args, results))
     if args.json:
         out = {

@@ -112,3 +112,36 @@ def test_quick_run_sheds_and_answers_every_review_correctly(tmp_path: Path) -> N
         assert all("new_connections_per_s" in s for s in mode["segments"])
     assert doc["modes"][1]["shed"] == 0, "without shedding flags nothing is shed"
     assert "normal again after the drop" in proc.stdout
+
+
+def test_segment_summary_counts_full_decisions_and_the_generators_own_lateness() -> None:
+    """Full decisions are the answers in time that were not failed open; the generator's lateness
+    is how late it started its reviews (when it is large, the generator set the pace)."""
+    segments, _ = schedule(10.0, factor=5.0, before=1.0, overload=1.0, after=1.0, seed=0)
+    answers = Answers()
+    answers.add(1.1, 0.01, failed_open=True, start_lag=0.001)
+    answers.add(1.2, 0.02, failed_open=False, start_lag=0.3)
+    answers.add(1.3, math.nan, start_lag=0.002)
+    result = summarize_segment(segments[1], answers, timeout=2.0)
+    assert result.full_rps == 1.0
+    assert 200.0 < result.generator_lag_p99_ms <= 300.0
+
+
+def test_shed_cost_run_measures_a_full_and_a_shed_review(tmp_path: Path) -> None:
+    """``--shed-cost``: a closed loop against a gateway deciding every review and one shedding
+    every review (each answer checked: allowed, uid echoed), the gateway's CPU per review in each."""
+    out = tmp_path / "cost.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "loadtests", "overload", "--quick", "--shed-cost", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    full, shed = json.loads(out.read_text())
+    assert (full["mode"], shed["mode"]) == ("full", "shed")
+    assert full["failed_open_pct"] == 0.0 and shed["failed_open_pct"] == 100.0
+    assert full["cpu_us_per_review"] > 0 and shed["cpu_us_per_review"] > 0
+    assert "shedding alone absorbs at most" in proc.stdout

@@ -139,6 +139,36 @@ class Dispatcher:
             report.allowed, report.deny_reason, report.denied_by = False, st.message, "gateway"
             return Verdict(allowed=False, status=st, report=report)
 
+    def decide_shed(
+        self, kind: WebhookKind, inbound: InboundReview, snapshot: Snapshot, *, deadline: float, shed: str
+    ) -> Verdict | None:
+        """``decide`` for a review the overload shedder refuses, at once, without awaiting anything.
+
+        The same walk and the same verdict as ``decide(..., shed=shed)``: every matched backend's
+        call is refused before it is made and settles under its own failurePolicy. None when the
+        decision needs I/O (a namespace lookup that is not cached, MAT-12): then ``decide`` takes it.
+        The server's read path asks this before it starts a task for the review, so that a shed
+        review costs what its decision costs, not a request's whole machinery (docs/resilience.md).
+        """
+        attrs = inbound.attributes
+        if not is_exempt(attrs, exclude_virtual_resources=self.settings.exclude_virtual_resources):
+            plans = snapshot.plans(kind)
+            candidates = plans.candidates(attrs) if plans else ()
+            if _need_namespace(candidates):
+                name = namespace_to_look_up(attrs, [c.plan for c in candidates])
+                if name is not None and self.namespaces.labels_now(name) is None:
+                    return None
+        # With the snapshot given, a namespace known and every call refused, nothing in the walk
+        # waits: the coroutine ends at its first step.
+        walk = self.decide(kind, inbound, snapshot, deadline=deadline, shed=shed)
+        try:
+            walk.send(None)
+        except StopIteration as done:
+            verdict: Verdict = done.value
+            return verdict
+        walk.close()  # unreachable by the checks above; never leave a review half-decided
+        raise RuntimeError("a shed review's decision waited for I/O")
+
     async def _decide(
         self,
         kind: WebhookKind,

@@ -111,8 +111,13 @@ class Observability:
         verdict: VerdictLike | None,
         error: str = "",
         trace: str = "",
+        line: bool = True,
     ) -> None:
-        """A review request ended: with a verdict (HTTP 200), or without one (400, 413, 499, 500)."""
+        """A review request ended: with a verdict (HTTP 200), or without one (400, 413, 499, 500).
+
+        ``line``: False counts it without its review line (shed reviews beyond the first per second,
+        ``gateway.server.app``; under overload their lines would cost as much as their answers).
+        """
         try:
             report = verdict.report if verdict is not None else None
             backend_seconds = 0.0  # computed once for the metrics and the line
@@ -141,7 +146,7 @@ class Observability:
                         break
                 if report.conditions or report.dropped:
                     self._warn_report(log, endpoint, inbound, report)
-            if not self.review_log:
+            if not self.review_log or not line:
                 return
             # Answered reviews are INFO; unanswered ones WARNING (caller's fault) or ERROR (ours, 5xx).
             level = _INFO if verdict is not None else (_ERROR if code >= 500 else _WARNING)

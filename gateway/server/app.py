@@ -73,6 +73,7 @@ class ReviewObserver(Protocol):
         verdict: Verdict | None,
         error: str = "",
         trace: str = "",
+        line: bool = True,
     ) -> None: ...
 
     def metrics(self) -> tuple[bytes, str] | None: ...
@@ -158,12 +159,88 @@ class GatewayApp:
         self._halves = {half_path(self.settings.validate_path, half): half for half, _ in HALVES}
         self._endpoints.update(dict.fromkeys(self._halves, "validating"))
         self.in_flight = 0  # reviews being handled right now (graceful shutdown waits for zero)
+        self._shed_line_at: dict[str, int] = {}  # endpoint -> the second of its last shed review line
         self._idle = trio.Event()
         self._idle.set()
 
     async def wait_idle(self) -> None:
         """Return once no review is in flight."""
         await self._idle.wait()
+
+    def answer_at_once(
+        self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes] | None:
+        """The whole answer to a review the overload gate sheds, decided right where it was read.
+
+        The server asks this for a request whose body came whole with its head, before it starts
+        anything for it (``gateway.server.limits.InboundRuntime.answer_at_once``): a shed review
+        then costs its decision (decode, match, the failurePolicy of each matched backend, encode)
+        and no task, ASGI scope or stream. The answer is the one ``_review`` gives the same review
+        when shed, byte for byte. None for everything else, which the server hands to the ASGI
+        path as usual: not a review, not shed, malformed (400), or a decision that must wait (the
+        gateway not ready yet, a namespace lookup).
+        """
+        overload = self.overload
+        if overload is None or method != b"POST":
+            return None
+        raw_path, _, query = target.partition(b"?")
+        path = raw_path.decode("latin-1")
+        endpoint = self._endpoints.get(path)
+        if endpoint is None or not self.readiness.ready:
+            return None
+        reason = overload.shed_reason()
+        if reason is None:
+            return None
+        snapshot = self.snapshot()
+        if snapshot is None:
+            return None
+        half = self._halves.get(path)
+        if half is not None:
+            snapshot = half_of(snapshot, half)
+        try:
+            inbound = decode_inbound(body)
+        except BadReview:
+            return None
+        arrived = trio.current_time()
+        budget = caller_timeout(query)
+        budget = self.settings.default_timeout_seconds if budget is None else budget
+        deadline = arrived + budget - self.settings.deadline_margin_seconds
+        verdict = self.dispatcher.decide_shed(
+            endpoint,  # type: ignore[arg-type]
+            inbound,
+            snapshot,
+            deadline=deadline,
+            shed=reason,
+        )
+        if verdict is None:
+            return None
+        overload.count_shed(reason)
+        reply = encode_reply(
+            inbound,
+            allowed=verdict.allowed,
+            status=verdict.status,
+            patch=verdict.patch,
+            warnings=verdict.warnings,
+            audit_annotations=verdict.audit_annotations,
+        )
+        observer = self.observer
+        observer.review_started(endpoint)
+        # The review line of one shed review per endpoint and second; the others are counted only
+        # (webhook_gateway_reviews_total, ..._shed_total): a line costs a tenth of a shed answer.
+        second = int(arrived)
+        line = self._shed_line_at.get(endpoint) != second
+        if line:
+            self._shed_line_at[endpoint] = second
+        observer.review_finished(
+            endpoint,
+            code=200,
+            seconds=trio.current_time() - arrived,
+            inbound=inbound,
+            verdict=verdict,
+            trace=_value(headers, b"traceparent"),
+            line=line,
+        )
+        return 200, [*_JSON, (b"content-length", str(len(reply)).encode())], reply
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -458,9 +535,13 @@ def request_path(scope: Scope) -> str:
 
 
 def _header(scope: Scope, name: bytes) -> str:
+    return _value(scope["headers"], name)
+
+
+def _value(headers: list[tuple[bytes, bytes]], name: bytes) -> str:
     key: bytes
     value: bytes
-    for key, value in scope["headers"]:
+    for key, value in headers:
         if key == name:
             return value.decode("latin-1")
     return ""

@@ -189,6 +189,11 @@ class Connection(Protocol):
     def poke(self) -> None: ...
 
 
+AtOnce = Callable[
+    [bytes, bytes, list[tuple[bytes, bytes]], bytes], "tuple[int, list[tuple[bytes, bytes]], bytes] | None"
+]
+
+
 @dataclass(eq=False)
 class InboundRuntime:
     """The state one listener's connections share: limits, open connections, draining, events."""
@@ -215,6 +220,10 @@ class InboundRuntime:
     deadlines: Any = None
     # What admits TLS handshakes behind established connections (the listener's ``HandshakeGate``).
     handshakes: Any = None
+    # The application's answer to a request it decides at once, where the server read it (a review
+    # the overload gate sheds: ``GatewayApp.answer_at_once``), given (method, target, headers,
+    # body) of a plain HTTP/1.1 request whose body came whole; None: the ASGI path as usual.
+    answer_at_once: AtOnce | None = None
     _accept_log_at: float = -math.inf
 
     @property

@@ -40,6 +40,15 @@ class OverloadGate:
             self._on_shed(decision)
         yield decision
 
+    def shed_reason(self) -> str | None:
+        """Whether a review arriving now would be shed, and why; takes no slot, counts nothing."""
+        return self.shedder.assess().reason
+
+    def count_shed(self, reason: str) -> None:
+        """A review was shed without ``review()`` (answered where it was read)."""
+        if self._on_shed is not None:
+            self._on_shed(reason)
+
     async def run_lag_probe(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Sleep ``lag_probe_interval`` over and over; how late each wake-up is, is the loop's lag."""
         interval = self.policy.lag_probe_interval

@@ -220,6 +220,8 @@ async def serve(
             ),
             conversions=_conversion_service(caller, options, observer),
         )
+        if overload is not None:  # a shed review is answered where it is read (docs/resilience.md)
+            runtime.answer_at_once = app.answer_at_once
         observer.watch_pool(pool)
         if trimmer.available:
             nursery.start_soon(trimmer.run)

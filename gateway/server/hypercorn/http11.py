@@ -144,6 +144,24 @@ class GatewayH11Protocol(H11Protocol):
 
     async def _fast_request(self, request: PlainRequest, data: bytes) -> None:
         body = request.body
+        runtime = runtime_of(self.config)
+        at_once = runtime.answer_at_once
+        if (
+            at_once is not None
+            and request.body_left == 0
+            and not runtime.draining
+            and self.keep_alive_requests + 1 < self.config.keep_alive_max_requests
+        ):
+            answer = at_once(request.method, request.target, request.headers, body)
+            if answer is not None:  # a review shed where it was read: no stream, no task
+                self.keep_alive_requests += 1
+                await self.context.mark_request()
+                status, headers, reply = answer
+                framed = frame_reply(status, [*headers, *self.config.response_headers("h11")], reply)
+                assert framed is not None  # the app's whole reply with its length
+                await self.send(RawData(data=framed))
+                await self.send(Updated(idle=True))
+                return
         self._exchange = _FastExchange(
             data[: len(data) - len(body)], len(body) + request.body_left, request.body_left
         )
@@ -158,7 +176,6 @@ class GatewayH11Protocol(H11Protocol):
         # before the review starts, for nothing. A busy gateway starts a task per request as before:
         # this task reads on, and the replies of the requests read together go out together (one
         # wake-up of each caller for several instead of one per reply).
-        runtime = runtime_of(self.config)
         now = trio.current_time()
         inline = whole and runtime.requests_in_flight == 0 and now - runtime.last_request_at > _BUSY_GAP
         runtime.last_request_at = now

@@ -1,0 +1,246 @@
+"""A review the overload gate sheds is answered where it is read, with the answer it would get anyway.
+
+Real sockets: the gateway in-process, a sample backend. One review is held in flight on a slow
+backend with ``--shed-max-in-flight 1``, so that every other review is shed while it lasts. Each
+shed review is sent twice: over HTTP/1.1 as kube-apiserver sends it (a plain request, its body
+with its head: answered at once by ``GatewayApp.answer_at_once``, no task, no ASGI request) and
+over HTTP/2 (the ASGI path, ``GatewayApp._review``, which shed reviews took before). The two
+answers must be the same, field for field, and the first must not have reached the ASGI path.
+Nothing here is timed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from gateway.cli import parse
+from gateway.devtools.backends import serve_backend
+from gateway.observability import Observability
+from gateway.server.serve import Running, serve
+from tests.support.client import Client
+from tests.support.gateway import gateway_client, hook, pod, review, start_gateway, write_config
+
+HOLD = {"matchLabels": {"hold": "yes"}}  # only the held review matches the slow backend
+OTHERS = {"matchExpressions": [{"key": "hold", "operator": "DoesNotExist"}]}
+
+
+def _hooks(url: str, *specs: tuple[str, str, dict[str, Any]]) -> list[dict[str, Any]]:
+    return [
+        hook(name, f"{url}/allow", failurePolicy=policy, objectSelector=OTHERS, **extra)
+        for name, policy, extra in specs
+    ]
+
+
+CASES = [
+    pytest.param(
+        "validate",
+        [("a.example.com", "Fail", {})],
+        {},
+        200,
+        id="FPT-01/ERR-02: shed under failurePolicy Fail is denied naming the webhook, at once as on the ASGI path",
+    ),
+    pytest.param(
+        "validate",
+        [("a.example.com", "Ignore", {})],
+        {},
+        200,
+        id="FPT-03/AUD-06: shed under Ignore is allowed with the failed-open annotation, at once as on the ASGI path",
+    ),
+    pytest.param(
+        "validate",
+        [("a.example.com", "Ignore", {}), ("b.example.com", "Fail", {}), ("c.example.com", "Ignore", {})],
+        {},
+        200,
+        id="VAL-05/VAL-07: three backends shed, each under its own policy, in configuration order, at once",
+    ),
+    pytest.param(
+        "mutate",
+        [("m.example.com", "Ignore", {}), ("n.example.com", "Ignore", {"reinvocationPolicy": "IfNeeded"})],
+        {},
+        200,
+        id="MUT-14/AUD-06: a mutating chain shed under Ignore: no patch, failed-open per round and index, at once",
+    ),
+    pytest.param(
+        "validate",
+        [("a.example.com", "Ignore", {})],
+        {"version": "v1beta1"},
+        200,
+        id="REV-02: a v1beta1 review shed is answered in v1beta1, at once",
+    ),
+    pytest.param(
+        "validate",
+        [("a.example.com", "Fail", {"sideEffects": "Unknown"})],
+        {"dry_run": True},
+        200,
+        id="FPT-09: a dry run to a backend with side effects is refused for that, not for the shedding, at once",
+    ),
+    pytest.param(
+        "validate",
+        [
+            (
+                "a.example.com",
+                "Fail",
+                {"matchConditions": [{"name": "not-web", "expression": "object.metadata.name != 'web-1'"}]},
+            ),
+            ("b.example.com", "Ignore", {"namespaceSelector": {"matchLabels": {"team": "shop"}}}),
+        ],
+        {},
+        200,
+        id="MAT-12/MAT-25: match conditions and a known namespace's labels decide who is shed, at once",
+    ),
+    pytest.param(
+        "validate/ignore",
+        [("a.example.com", "Fail", {}), ("b.example.com", "Ignore", {})],
+        {},
+        200,
+        id="the /validate/ignore half sheds only its own backends, at once",
+    ),
+]
+
+
+@pytest.mark.parametrize(("endpoint", "specs", "review_args", "status"), CASES)
+async def test_a_shed_review_is_answered_where_it_is_read_as_on_the_asgi_path(
+    nursery: trio.Nursery,
+    tmp_path: Path,
+    endpoint: str,
+    specs: list[tuple[str, str, dict[str, Any]]],
+    review_args: dict[str, Any],
+    status: int,
+) -> None:
+    server = await nursery.start(lambda task_status: serve_backend(task_status=task_status))
+    url = f"http://127.0.0.1:{server.port}"
+    slow = hook("hold.example.com", f"{url}/sleep/20000/allow", failurePolicy="Ignore", objectSelector=HOLD)
+    slow["timeoutSeconds"] = 30
+    hooks = _hooks(url, *specs)
+    if endpoint == "mutate":
+        write_config(
+            tmp_path / "c",
+            validating={"hold": [slow]},
+            mutating={"team-a": hooks},
+            namespaces={"shop": {"team": "shop"}},
+        )
+    else:
+        # sideEffects Unknown is a v1beta1 value (v1 refuses it): the dry-run case's configuration.
+        v1beta1 = any(h.get("sideEffects") == "Unknown" for h in hooks)
+        write_config(
+            tmp_path / "c",
+            validating={"team-a": [slow, *hooks]},
+            namespaces={"shop": {"team": "shop"}},
+            api_version="admissionregistration.k8s.io/v1beta1"
+            if v1beta1
+            else "admissionregistration.k8s.io/v1",
+        )
+    running = await start_gateway(nursery, tmp_path / "c", "--shed-max-in-flight", "1")
+    app = running.app
+    asgi_reviews: list[str] = []
+    ordinary = app._review  # type: ignore[union-attr]
+
+    async def counted(endpoint_: str, *args: Any, **kwargs: Any) -> None:
+        asgi_reviews.append(endpoint_)
+        await ordinary(endpoint_, *args, **kwargs)
+
+    app._review = counted  # type: ignore[union-attr]  # the test's window on which path answered
+    holder = await gateway_client(running)
+    nursery.start_soon(
+        holder.post, "/validate?timeout=25s", json.dumps(review(pod(labels={"hold": "yes"}))).encode()
+    )
+    with trio.fail_after(10):
+        while not server.calls:
+            await trio.sleep(0.005)
+    assert asgi_reviews == ["validating"], "the held review took the ASGI path"
+
+    doc = review(pod(), **review_args)
+    h1: Client = await gateway_client(running)
+    at_once = await h1.post(f"/{endpoint}?timeout=5s", json.dumps(doc).encode())
+    assert asgi_reviews == ["validating"], "the shed review was not answered where it was read"
+    h2: Client = await gateway_client(running, protocol="h2")
+    asgi = await h2.post(f"/{endpoint}?timeout=5s", json.dumps(doc).encode())
+    assert len(asgi_reviews) == 2, "the HTTP/2 review took the ASGI path"
+    assert at_once is not None and asgi is not None
+    assert (at_once.status, asgi.status) == (status, status)
+    assert at_once.headers["content-type"] == asgi.headers["content-type"] == "application/json"
+    assert at_once.json == asgi.json
+    assert at_once.json["response"]["uid"] == doc["request"]["uid"]
+    assert len(server.calls) == 1, "a shed review called a backend"
+
+
+async def test_what_cannot_be_decided_at_once_takes_the_asgi_path(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """A malformed review (400 with its reason), a review to an unknown path and a GET are not
+    answered at once; they get what they always got."""
+    server = await nursery.start(lambda task_status: serve_backend(task_status=task_status))
+    url = f"http://127.0.0.1:{server.port}"
+    slow = hook("hold.example.com", f"{url}/sleep/20000/allow", failurePolicy="Ignore", objectSelector=HOLD)
+    slow["timeoutSeconds"] = 30
+    write_config(tmp_path / "c", validating={"team-a": [slow, *_hooks(url, ("a.example.com", "Fail", {}))]})
+    running = await start_gateway(nursery, tmp_path / "c", "--shed-max-in-flight", "1")
+    holder = await gateway_client(running)
+    nursery.start_soon(
+        holder.post, "/validate?timeout=25s", json.dumps(review(pod(labels={"hold": "yes"}))).encode()
+    )
+    with trio.fail_after(10):
+        while not server.calls:
+            await trio.sleep(0.005)
+    client = await gateway_client(running)
+    bad = await client.post(
+        "/validate?timeout=5s", b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}'
+    )
+    assert bad is not None and bad.status == 400
+    unknown = await client.post("/elsewhere", json.dumps(review(pod())).encode())
+    assert unknown is not None and unknown.status == 404
+    shed = await client.post("/validate?timeout=5s", json.dumps(review(pod())).encode())
+    assert shed is not None and shed.status == 200 and shed.json["response"]["allowed"] is False
+
+
+async def test_shed_reviews_answered_at_once_write_one_review_line_a_second(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """Under overload a review line costs a tenth of a shed answer: of the reviews shed where they
+    were read, one per endpoint and second gets its line; each is counted in the metrics."""
+    from structlog.testing import capture_logs
+
+    server = await nursery.start(lambda task_status: serve_backend(task_status=task_status))
+    url = f"http://127.0.0.1:{server.port}"
+    slow = hook("hold.example.com", f"{url}/sleep/20000/allow", failurePolicy="Ignore", objectSelector=HOLD)
+    slow["timeoutSeconds"] = 30
+    write_config(tmp_path / "c", validating={"team-a": [slow, *_hooks(url, ("a.example.com", "Ignore", {}))]})
+    options = parse(
+        [
+            "--config",
+            str(tmp_path / "c"),
+            "--bind",
+            "127.0.0.1:0",
+            "--drain-seconds",
+            "0",
+            "--shed-max-in-flight",
+            "1",
+        ]
+    ).options
+    observer = Observability(metrics=True)  # with its review lines, as `webhook-gateway serve` runs
+    running: Running = await nursery.start(
+        lambda task_status: serve(options, observer=observer, handle_signals=False, task_status=task_status)
+    )
+    holder = await gateway_client(running)
+    nursery.start_soon(
+        holder.post, "/validate?timeout=25s", json.dumps(review(pod(labels={"hold": "yes"}))).encode()
+    )
+    with trio.fail_after(10):
+        while not server.calls:
+            await trio.sleep(0.005)
+    client = await gateway_client(running)
+    with capture_logs() as logs:
+        for _ in range(20):
+            got = await client.post("/validate?timeout=5s", json.dumps(review(pod())).encode())
+            assert got is not None and got.json["response"]["allowed"] is True
+    lines = [entry for entry in logs if entry["event"] == "review"]
+    assert 1 <= len(lines) < 20
+    assert lines[0]["decision"] == "allowed", lines
+    scraped = await client.post("/metrics", b"", method="GET")
+    assert scraped is not None
+    assert 'webhook_gateway_reviews_shed_total{reason="in_flight"} 20.0' in scraped.body.decode()
