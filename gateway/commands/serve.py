@@ -132,6 +132,14 @@ def build_parser(prog: str, *, usage: str | None = None, epilog: str | None = No
     )
     add_option(
         i,
+        "--handshake-burst",
+        help="TLS handshakes computed between two moments the event loop has nothing else to run "
+        "(established connections first; the newest waiting handshake first); 0: no such gate",
+        type=int,
+        default=D.handshake_burst,
+    )
+    add_option(
+        i,
         "--max-inbound-connections",
         help="refuse connections beyond this many open ones (0: derived from the memory limit and the "
         "file-descriptor limit minus --fd-reserve)",

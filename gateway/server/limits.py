@@ -39,6 +39,10 @@ DEFAULT_IDLE_TIMEOUT: Final = 120.0
 DEFAULT_WRITE_TIMEOUT: Final = 10.0
 DEFAULT_HANDSHAKE_TIMEOUT: Final = 5.0
 DEFAULT_FD_RESERVE: Final = 512
+# A server handshake's crypto is ~250 µs (ECDSA P-256; ~450 µs RSA 2048): 8 of them delay the
+# established connections' work by ~2-4 ms at most (docs/inbound.md, "Connections that are not
+# established yet").
+DEFAULT_HANDSHAKE_BURST: Final = 8
 
 # What connections may cost (docs/inbound.md, "Memory"; measured by `python -m loadtests.abuse
 # stalled` and tests/test_server_memory.py): the bounds keep the process under MEMORY_TARGET of its
@@ -95,6 +99,8 @@ class InboundLimits:
     max_connections: int = 0  # 0: derived from memory and RLIMIT_NOFILE (``connection_bounds``)
     max_pending: int = 0  # connections not established yet; 0: derived (``connection_bounds``)
     handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT
+    # TLS handshakes computed between two idle moments of the event loop (0: no gate).
+    handshake_burst: int = DEFAULT_HANDSHAKE_BURST
     h2_control_burst: int = DEFAULT_H2_CONTROL_BURST
     h2_control_rate: float = DEFAULT_H2_CONTROL_RATE
     h2_max_settings: int = DEFAULT_H2_MAX_SETTINGS
@@ -210,6 +216,10 @@ class InboundRuntime:
     # zero means the gateway is otherwise idle (the HTTP/1.1 protocol runs the next app inline then).
     requests_in_flight: int = 0
     last_request_at: float = -math.inf  # trio time the last plain HTTP/1.1 request was read
+    # Where the connections' header and idle deadlines are kept (the listener's ``Deadlines``).
+    deadlines: Any = None
+    # What admits TLS handshakes behind established connections (the listener's ``HandshakeGate``).
+    handshakes: Any = None
     # The application's answer to a request it decides at once, where the server read it (a review
     # the overload gate sheds: ``GatewayApp.answer_at_once``), given (method, target, headers,
     # body) of a plain HTTP/1.1 request whose body came whole; None: the ASGI path as usual.

@@ -43,7 +43,8 @@ _SCHEDULE_EVERY: Final = 4
 
 
 class TLSSocketStream(trio.abc.Stream):
-    """A client or server TLS connection over a connected TCP socket (taken from ``tcp``)."""
+    """A client or server TLS connection over a connected TCP socket (taken from ``tcp``: a trio
+    ``SocketStream``, or a plain non-blocking socket the caller hands over)."""
 
     __slots__ = (
         "_closed",
@@ -63,7 +64,7 @@ class TLSSocketStream(trio.abc.Stream):
 
     def __init__(
         self,
-        tcp: trio.SocketStream,
+        tcp: trio.SocketStream | stdlib_socket.socket,
         context: ssl.SSLContext,
         *,
         server_side: bool = False,
@@ -76,9 +77,12 @@ class TLSSocketStream(trio.abc.Stream):
         if schedule_every < 1:
             raise ValueError("schedule_every must be >= 1")
         self._schedule_every = schedule_every
-        # The TCP options trio set (TCP_NODELAY) stay with the descriptor.
-        raw = stdlib_socket.socket(fileno=tcp.socket.detach())
-        raw.setblocking(False)
+        if isinstance(tcp, stdlib_socket.socket):
+            raw = tcp  # a connected non-blocking socket, taken as it is (the inbound listener's)
+        else:
+            # The TCP options trio set (TCP_NODELAY) stay with the descriptor.
+            raw = stdlib_socket.socket(fileno=tcp.socket.detach())
+            raw.setblocking(False)
         try:
             self.socket: ssl.SSLSocket = context.wrap_socket(
                 raw,
@@ -122,20 +126,24 @@ class TLSSocketStream(trio.abc.Stream):
             await trio.lowlevel.checkpoint()
             return
         sock = self.socket
+        waited = False
         while True:
             try:
                 sock.do_handshake()
             except ssl.SSLWantReadError:
                 await self._wait(readable=True)
+                waited = True
                 continue
             except ssl.SSLWantWriteError:
                 await self._wait(readable=False)
+                waited = True
                 continue
             except (ssl.SSLError, OSError) as exc:
                 raise trio.BrokenResourceError(f"TLS handshake failed: {exc}") from exc
             break
         self._handshook = True
-        await trio.lowlevel.cancel_shielded_checkpoint()
+        if not waited:  # a wait was the schedule point already (one pass of the run loop saved)
+            await trio.lowlevel.cancel_shielded_checkpoint()
 
     # --- trio.abc.Stream --------------------------------------------------------------------------
 

@@ -12,15 +12,16 @@ over real sockets):
 module              replaces (hypercorn)         why
 ==================  ===========================  ==============================================
 ``listener``        ``worker_serve``             connection bound, accept back-off, TLS context
-                                                 per accept, the gateway's TLS stream
+                                                 per accept, the gateway's TLS stream, accepts
+                                                 on the plain socket (speed)
 ``handshake``       ``TCPServer``'s handshake    pending connections: no TLS state before the
                                                  ClientHello, own bound (evicts the oldest),
                                                  own deadline
 ``tcp_server``      ``TCPServer``                crash fix (Busy on send), deadlines on
                                                  heads/bodies/writes, prompt release, no
                                                  reference cycles left when closed
-``watchdog``        ``TCPServer``'s idle task    header and idle deadlines; one timer per
-                                                 connection (speed)
+``watchdog``        ``TCPServer``'s idle task    header and idle deadlines; one timer task for
+                                                 all connections (speed)
 ``protocol``        ``ProtocolWrapper``          builds the classes below for this listener's
                                                  connections only (no process-wide patch)
 ``http11``          ``H11Protocol``              HTTP/1.1 fast path, one write per reply (speed)

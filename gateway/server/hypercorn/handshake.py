@@ -18,7 +18,9 @@ Reasons (limits; docs/inbound.md, "Connections that are not established yet"):
 - **A deadline of its own** (``--handshake-timeout``), and a reset (no FIN, no TIME_WAIT) for a
   connection cut here: it never said anything worth a graceful close.
 
-A bound on concurrent handshakes (their CPU) belongs around ``do_handshake`` in ``establish``.
+- **Established connections first** (``HandshakeGate``, ``--handshake-burst``): a handshake's
+  crypto waits for a token, and tokens come back when the event loop has run everything else;
+  waiting handshakes go newest first.
 
 Byte-level tests: tests/test_server_inbound.py (stalled connections, the bound and its eviction,
 the deadline, over real sockets) and tests/test_server_memory.py (their cost, through a real
@@ -35,11 +37,12 @@ from collections.abc import Callable
 from typing import Any, Final
 
 import trio
+import trio.testing
 
 from gateway.server.limits import InboundLimits
 from gateway.wire.tls_stream import TLSSocketStream
 
-__all__ = ["PendingConnection"]
+__all__ = ["HandshakeGate", "PendingConnection"]
 
 # A TLS record header: content type (22: handshake), version (2 bytes), length (2 bytes).
 _RECORD_HEADER: Final = 5
@@ -53,11 +56,12 @@ _LINGER_RESET: Final = struct.pack("ii", 1, 0)
 class PendingConnection:
     """One accepted connection that is not established yet (registered in ``InboundRuntime.pending``)."""
 
-    __slots__ = ("_scope", "evicted", "opened", "sock", "stream")
+    __slots__ = ("_scope", "evicted", "opened", "peer", "sock", "stream")
 
-    def __init__(self, sock: trio.socket.SocketType, opened: float) -> None:
-        self.sock = sock
+    def __init__(self, sock: stdlib_socket.socket, opened: float, peer: Any = None) -> None:
+        self.sock = sock  # non-blocking, as accept() returned it (no trio socket object around it)
         self.opened = opened  # when it was accepted (its first request's head deadline counts from here)
+        self.peer = peer  # the client's address, as accept() returned it
         self.stream: Any = None
         self.evicted = False
         self._scope: trio.CancelScope | None = None
@@ -76,7 +80,10 @@ class PendingConnection:
             self._scope.cancel()
 
     async def establish(
-        self, tls_context: Callable[[], ssl.SSLContext] | None, limits: InboundLimits
+        self,
+        tls_context: Callable[[], ssl.SSLContext] | None,
+        limits: InboundLimits,
+        gate: HandshakeGate | None = None,
     ) -> tuple[Any, str]:
         """The connection's stream once established, or None and why not (a close reason, or "").
 
@@ -93,9 +100,11 @@ class PendingConnection:
             try:
                 if tls_context is None:
                     await trio.lowlevel.wait_readable(self.sock)  # the first bytes of a request
-                    return trio.SocketStream(self.sock), ""
+                    return trio.SocketStream(trio.socket.from_stdlib_socket(self.sock)), ""
                 await _client_hello(self.sock)
-                self.stream = TLSSocketStream(trio.SocketStream(self.sock), tls_context(), server_side=True)
+                if gate is not None:
+                    await gate.admit()  # behind the established connections' work
+                self.stream = TLSSocketStream(self.sock, tls_context(), server_side=True)
                 await self.stream.do_handshake()
                 return self.stream, ""
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
@@ -116,19 +125,136 @@ class PendingConnection:
             self.sock.close()
 
 
-async def _client_hello(sock: trio.socket.SocketType) -> None:
+async def _client_hello(sock: stdlib_socket.socket) -> None:
     """Wait until the first TLS record is whole in the receive buffer (or the client is gone).
 
     ``SO_RCVLOWAT`` makes the socket readable only once that many bytes are buffered, so the task
     wakes twice (for the record header, then for the record) however the client splits its bytes.
     What is not a TLS handshake record is left to OpenSSL, which refuses it at once.
+
+    Speed: a client usually sends its ClientHello in one segment right after connecting, so by the
+    time the connection's task runs the record is often whole already; a peek finds it and
+    nothing is set or waited for (docs/inbound.md, "What a new connection costs").
     """
+    if _whole_record(sock):
+        return
     sock.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_RCVLOWAT, _RECORD_HEADER)
-    await trio.lowlevel.wait_readable(sock)
-    header = await sock.recv(_RECORD_HEADER, stdlib_socket.MSG_PEEK)
-    if len(header) == _RECORD_HEADER and header[0] == _HANDSHAKE:
-        need = _RECORD_HEADER + int.from_bytes(header[3:5], "big")
-        if need <= _MAX_RECORD:
+    try:
+        await trio.lowlevel.wait_readable(sock)
+        need = _record_size(sock)
+        if need:
             sock.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_RCVLOWAT, need)
             await trio.lowlevel.wait_readable(sock)
-    sock.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_RCVLOWAT, 1)
+    finally:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_RCVLOWAT, 1)
+
+
+# Where the first record is peeked at (one buffer: the event loop runs one peek at a time).
+_PEEK: Final = bytearray(_MAX_RECORD)
+
+
+def _peek(sock: stdlib_socket.socket) -> int:
+    """How many bytes of the first record are buffered (0: nothing yet; the client's EOF raises)."""
+    try:
+        n = sock.recv_into(_PEEK, _MAX_RECORD, stdlib_socket.MSG_PEEK | stdlib_socket.MSG_DONTWAIT)
+    except (BlockingIOError, InterruptedError):
+        return 0
+    if n == 0:
+        raise trio.BrokenResourceError("the client closed the connection before its ClientHello")
+    return n
+
+
+def _record_size(sock: stdlib_socket.socket) -> int:
+    """The first record's size once its header is in, if it is a handshake record still incomplete
+    (0: whole, or not for us to wait for)."""
+    n = _peek(sock)
+    if n < _RECORD_HEADER or _PEEK[0] != _HANDSHAKE:
+        return 0
+    need = _RECORD_HEADER + int.from_bytes(_PEEK[3:5], "big")
+    return need if n < need <= _MAX_RECORD else 0
+
+
+def _whole_record(sock: stdlib_socket.socket) -> bool:
+    """True if the first record (or anything OpenSSL can refuse at once) is already buffered."""
+    n = _peek(sock)
+    if n < _RECORD_HEADER:
+        return False
+    if _PEEK[0] != _HANDSHAKE:
+        return True
+    need = _RECORD_HEADER + int.from_bytes(_PEEK[3:5], "big")
+    return n >= need or need > _MAX_RECORD
+
+
+class HandshakeGate:
+    """Admits TLS handshakes behind the established connections' work, the newest first.
+
+    A server handshake's first step (the ClientHello in, the server's flight out) costs ~250 µs of
+    CPU on the event loop, more than a review. Run as soon as each ClientHello is in, a burst of new
+    connections delays every established connection's reviews by the whole burst's crypto, the
+    client (client-go) dials more connections for the reviews that now wait, and the stall feeds
+    itself (docs/performance.md, "Driven as the kube-apiserver drives it"). Here a handshake first
+    takes one of ``burst`` tokens; the tokens come back only when the event loop has nothing else
+    to run (``trio.testing.wait_all_tasks_blocked``: every established connection's runnable work
+    is done), or ``max_delay`` seconds after they ran out when it never gets there. So at most
+    ``burst`` handshakes run between two idle moments of the loop, and when it is never idle (it is
+    behind, or its CPU is taken by others) at most ``burst`` per ``max_delay``: 8 per 10 ms, ~2 ms
+    of ECDSA crypto in every 10 ms, leaves the established connections at least ~80 % of the loop
+    while still letting 800 connections a second in (a floor of one per 10 ms starved client-go's
+    dials into failing in a measured burst).
+
+    Waiting handshakes are admitted newest first: under a flood of dials the newest has the most
+    of its caller's time left (client-go gives up on a TLS handshake after 10 s; the caller's
+    webhook timeout is often 1–3 s), and an old one that waited past ``--handshake-timeout`` is
+    reset by its own deadline (``PendingConnection.establish``), so none waits longer than that.
+    """
+
+    __slots__ = ("_burst", "_max_delay", "_tokens", "_waiters", "_wake", "running")
+
+    def __init__(self, burst: int, max_delay: float = 0.01) -> None:
+        self._burst = max(1, burst)
+        self._max_delay = max_delay
+        self._tokens = self._burst
+        self._waiters: list[trio.Event] = []  # waiting handshakes, oldest first
+        self._wake = trio.Event()
+        self.running = False
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    async def admit(self) -> None:
+        """Wait for this connection's turn to compute its handshake (cancellable: its deadline)."""
+        if self._tokens and not self._waiters:
+            self._tokens -= 1
+            if not self._tokens:
+                self._wake.set()
+            return
+        turn = trio.Event()
+        self._waiters.append(turn)
+        self._wake.set()
+        try:
+            await turn.wait()
+        except BaseException:
+            if turn.is_set():  # admitted and cancelled at once: the token goes to the next one
+                self._tokens += 1
+                self._wake.set()
+            else:
+                self._waiters.remove(turn)
+            raise
+
+    async def run(self) -> None:
+        """Give the tokens back at the loop's idle moments, to the newest waiting handshakes first."""
+        self.running = True
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            with trio.move_on_after(self._max_delay):
+                await trio.testing.wait_all_tasks_blocked()
+            self._tokens = self._burst
+            waiters = self._waiters
+            while self._tokens and waiters:
+                self._tokens -= 1
+                waiters.pop().set()
+            if waiters:
+                self._wake.set()  # more to admit at the next idle moment

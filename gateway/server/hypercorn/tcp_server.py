@@ -65,14 +65,23 @@ class GatewayTCPServer(TCPServer):
 
     protocol: ConnectionProtocol  # type: ignore[assignment]  # the gateway's, not ProtocolWrapper
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, app: Any, config: Any, context: Any, state: Any, stream: Any) -> None:
+        # Not hypercorn's __init__: its idle task (a TrioSingleTask and its lock) is the Watchdog here.
+        self.app = app
+        self.config = config
+        self.context = context
+        self.state = state
+        self.stream = stream
+        self.send_lock = trio.Lock()
         self.runtime = runtime_of(self.config)
         self.limits: InboundLimits = self.runtime.limits
-        self.watchdog = Watchdog(self)
+        self.watchdog = Watchdog(self, self.runtime.deadlines)
+        # (client, server) addresses, as the listener knows them from accept (None: ask the socket).
+        self.addresses: tuple[Any, Any] | None = None
         self.idle = True
         self.aborted = False
         self._goaway_sent = False
+        self._poked = False
         self._task_group: GatewayTaskGroup | None = None  # type: ignore[assignment]
         # The task reading from the client right now (None: one is being started); see
         # ``hand_over_reading``. A task that ran a request's app waits in ``_spare`` to read again.
@@ -85,6 +94,15 @@ class GatewayTCPServer(TCPServer):
 
     def poke(self) -> None:
         self.watchdog.poke()
+
+    def spawn_lifecycle(self) -> None:
+        """Draining or terminating began (``Watchdog.poke``): react in a task of this connection."""
+        group = self._task_group
+        if group is not None and group._nursery is not None:
+            with contextlib.suppress(RuntimeError):  # the connection is closing: nothing to react
+                group.spawn(self.lifecycle)
+        else:
+            self._poked = True  # not served yet: ``_serve`` looks when it starts
 
     def abort(self, reason: str) -> None:
         """Close now (a limit was hit): count it, cancel every request of this connection."""
@@ -194,8 +212,11 @@ class GatewayTCPServer(TCPServer):
         ssl = isinstance(self.stream, TLSSocketStream)
         alpn_protocol = self.stream.selected_alpn_protocol() if ssl else "http/1.1"
         try:
-            client = parse_socket_addr(socket.family, socket.getpeername())
-            server = parse_socket_addr(socket.family, socket.getsockname())
+            if self.addresses is not None:
+                client, server = self.addresses
+            else:
+                client = parse_socket_addr(socket.family, socket.getpeername())
+                server = parse_socket_addr(socket.family, socket.getsockname())
             task_group = GatewayTaskGroup(self)
             # A plain nursery rather than ``async with task_group``: hypercorn's ``__aexit__`` drops
             # the nursery's answer, so cancelling the group (a limit closed the connection) would
@@ -218,8 +239,7 @@ class GatewayTCPServer(TCPServer):
                 await self.protocol.initiate()
                 # The first request's head counts from accept: the handshake is part of it.
                 self.watchdog.set(self.opened + self.limits.header_timeout, "header_timeout")
-                task_group.spawn(self.watchdog.run)
-                if self.runtime.terminating:
+                if self.runtime.terminating or self._poked:
                     self.watchdog.poke()
                 await self._read_data()
         except OSError:
@@ -344,6 +364,11 @@ class GatewayTCPServer(TCPServer):
                 self.watchdog.set(trio.current_time() + self.config.keep_alive_timeout, "idle_timeout")
 
     async def _close(self) -> None:
+        stream: Any = self.stream
+        if isinstance(stream, TLSSocketStream):
+            # Closes at once: sends no close_notify and waits for nothing (no deadline needed).
+            await stream.aclose()
+            return
         with trio.move_on_after(1.0) as scope:
             with contextlib.suppress(
                 trio.BusyResourceError, trio.BrokenResourceError, trio.ClosedResourceError

@@ -1,0 +1,195 @@
+"""CPU of the gateway's inbound server per new TLS connection, apart from any review.
+
+    python benchmarks/bench_connection.py [--connections 2000] [--repeat 3] [--key-type ecdsa]
+                                          [--profile PATH.prof]
+
+The gateway's own listener (``gateway.server.hypercorn.listener.serve_inbound``, the code
+``python -m gateway`` serves with) runs in a child process in front of a trivial ASGI app (200,
+two bytes). Client processes on loopback then make the same number of requests twice: one
+request per new connection (connect, full TLS 1.3 handshake as client-go does it, one request,
+close), and all of them over keep-alive connections. Reported: the server process's CPU (user +
+system, ``/proc/PID/stat``) per request in each mode, and their difference — what a new connection
+costs beyond the request it carries — beside what the TLS handshake alone costs
+(``benchmarks/bench_tls_handshake.py``). Medians of the repeats.
+
+``--profile`` runs the server under cProfile during the per-connection phase (for where the time
+goes, not for the figures: cProfile inflates small calls).
+
+The whole connection, with a real review, beside nginx's: ``python -m loadtests passthrough
+--connection-policy per-review --nginx`` (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import socket
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import trustme
+
+_SERVER = textwrap.dedent(
+    """
+    import gc, os, ssl, sys, trio
+    from gateway.server.hypercorn.config import server_config
+    from gateway.server.hypercorn.listener import serve_inbound
+    from gateway.wire.tls import server_context
+
+    cert, key, port_file, profile = sys.argv[1:5]
+    context = server_context(cert, key)
+
+    class Tls:
+        pass
+
+    tls = Tls()
+    tls.context = context
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        while True:
+            message = await receive()
+            if not message.get("more_body"):
+                break
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/plain"), (b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def main():
+        cfg = server_config("127.0.0.1:0", tls=tls, shutdown_timeout=1.0)
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            urls = await nursery.start(
+                lambda task_status: serve_inbound(app, cfg, tls_context=lambda: tls.context,
+                                                  shutdown_trigger=stop.wait, task_status=task_status))
+            gc.collect()
+            gc.freeze()
+            with open(port_file + ".tmp", "w") as f:
+                f.write(urls[0].rsplit(":", 1)[1])
+            os.rename(port_file + ".tmp", port_file)
+            await trio.to_thread.run_sync(sys.stdin.read)  # until the parent closes stdin
+            stop.set()
+
+    if profile != "-":
+        import cProfile, time
+        profiler = cProfile.Profile(time.process_time)  # CPU time: waiting in epoll is not counted
+        profiler.runcall(trio.run, main)
+        profiler.dump_stats(profile)
+    else:
+        trio.run(main)
+    """
+)
+
+_REQUEST = b"POST /validate HTTP/1.1\r\nHost: gateway\r\nContent-Length: 2\r\n\r\n{}"
+
+
+def _client(port: int, ca_pem: str, count: int, per_connection: bool) -> None:
+    context = ssl.create_default_context(cadata=ca_pem)
+    context.set_alpn_protocols(["http/1.1"])
+    conn = None
+    for _ in range(count):
+        if conn is None:
+            raw = socket.create_connection(("127.0.0.1", port))
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = context.wrap_socket(raw, server_hostname="127.0.0.1")
+        conn.sendall(_REQUEST)
+        reply = b""
+        while not reply.endswith(b"ok"):
+            chunk = conn.recv(4096)
+            if not chunk:
+                raise RuntimeError(f"the server closed the connection: {reply!r}")
+            reply += chunk
+        if per_connection:
+            conn.close()
+            conn = None
+    if conn is not None:
+        conn.close()
+
+
+def _cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _phase(pid: int, port: int, ca_pem: str, total: int, clients: int, *, per_connection: bool) -> float:
+    """Server CPU µs per request."""
+    each = total // clients
+    before = _cpu(pid)
+    procs = [
+        multiprocessing.Process(target=_client, args=(port, ca_pem, each, per_connection))
+        for _ in range(clients)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+        if p.exitcode:
+            raise SystemExit(f"a client failed (exit code {p.exitcode})")
+    time.sleep(0.3)  # let the server finish closing the last connections
+    return (_cpu(pid) - before) * 1e6 / (each * clients)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--connections", type=int, default=2000)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--key-type", choices=("ecdsa", "rsa"), default="ecdsa")
+    parser.add_argument("--profile", default="-", help="cProfile output of the server (per-connection phase)")
+    args = parser.parse_args()
+
+    kind = trustme.KeyType.RSA if args.key_type == "rsa" else trustme.KeyType.ECDSA
+    ca = trustme.CA(key_type=kind)
+    cert = ca.issue_cert("127.0.0.1", key_type=kind)
+    with tempfile.TemporaryDirectory() as tmp:
+        cert_path, key_path, port_file = (os.path.join(tmp, n) for n in ("cert.pem", "key.pem", "port"))
+        cert.cert_chain_pems[0].write_to_path(cert_path)
+        cert.private_key_pem.write_to_path(key_path)
+        server = subprocess.Popen(  # noqa: S603 - our own script, fixed arguments
+            [sys.executable, "-c", _SERVER, cert_path, key_path, port_file, args.profile],
+            stdin=subprocess.PIPE,
+        )
+        try:
+            while not os.path.exists(port_file):
+                if server.poll() is not None:
+                    raise SystemExit("the server did not start")
+                time.sleep(0.05)
+            port = int(Path(port_file).read_text())
+            ca_pem = ca.cert_pem.bytes().decode()
+            if args.profile == "-":
+                _phase(server.pid, port, ca_pem, 200, args.clients, per_connection=True)  # warm-up
+            rows = []
+            for _ in range(args.repeat):
+                fresh = _phase(server.pid, port, ca_pem, args.connections, args.clients, per_connection=True)
+                if args.profile != "-":  # the profile is of new connections only
+                    print(f"  new connection per request {fresh:7.0f} µs (under cProfile)")
+                    rows.append((fresh, 0.0, 0.0))
+                    continue
+                kept = _phase(server.pid, port, ca_pem, args.connections, args.clients, per_connection=False)
+                rows.append((fresh, kept, fresh - kept))
+                print(
+                    f"  new connection per request {fresh:7.0f} µs, keep-alive {kept:5.0f} µs, "
+                    f"difference {fresh - kept:5.0f} µs",
+                    flush=True,
+                )
+        finally:
+            assert server.stdin is not None
+            server.stdin.close()
+            server.wait(timeout=30)
+    fresh, kept, diff = (statistics.median(col) for col in zip(*rows, strict=True))
+    print(
+        f"{args.key_type}: server CPU per request: new connection {fresh:.0f} µs, keep-alive {kept:.0f} µs; "
+        f"a new connection costs {diff:.0f} µs (medians of {args.repeat})"
+    )
+
+
+if __name__ == "__main__":
+    main()

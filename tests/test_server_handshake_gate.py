@@ -1,0 +1,177 @@
+"""TLS handshakes wait behind the established connections' work (``HandshakeGate``, ``--handshake-burst``).
+
+docs/inbound.md, "Connections that are not established yet". The gate's discipline is checked on the
+gate itself, driven by trio's own idle detection (no clock, no timing); what a caller sees is
+checked through the real gateway over real TLS sockets.
+"""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+import trustme
+
+from gateway.devtools.backends import serve_backend
+from gateway.server.hypercorn.handshake import HandshakeGate
+from tests.support.inbound import Gateway, read_response, review_request, start
+
+
+async def test_waiting_handshakes_are_admitted_newest_first() -> None:
+    """With its tokens used up, the gate admits one handshake per idle moment of the event loop, the
+    one that came last first: under a flood of dials the newest has the most of its caller's time."""
+    gate = HandshakeGate(burst=1, max_delay=60.0)
+    order: list[str] = []
+    async with trio.open_nursery() as nursery:
+        await gate.admit()  # the one token
+        names = ["oldest", "middle", "newest"]
+        for name in names:
+            nursery.start_soon(lambda n=name: _admit(gate, n, order))
+            await trio.testing.wait_all_tasks_blocked()
+        assert gate.waiting == 3
+        nursery.start_soon(gate.run)
+        await _until(lambda: len(order) == 3)
+        nursery.cancel_scope.cancel()
+    assert order == ["newest", "middle", "oldest"]
+
+
+async def _until(done: object) -> None:
+    """Until ``done()``, letting the event loop go idle in between (no clock involved)."""
+    assert callable(done)
+    while not done():
+        await trio.testing.wait_all_tasks_blocked()
+
+
+async def _admit(gate: HandshakeGate, name: str, order: list[str]) -> None:
+    await gate.admit()
+    order.append(name)
+    await trio.testing.wait_all_tasks_blocked()  # the next one is admitted at the next idle moment
+
+
+async def test_tokens_come_back_only_when_the_event_loop_has_nothing_else_to_run() -> None:
+    """burst=2: two handshakes go at once; the third waits while other work is runnable (a task
+    that keeps the loop busy for a while), and is admitted once that work is done."""
+    gate = HandshakeGate(burst=2, max_delay=60.0)
+    events: list[str] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(gate.run)
+        await gate.admit()
+        await gate.admit()
+
+        async def busy() -> None:
+            for _ in range(200):
+                await trio.lowlevel.checkpoint()
+            events.append("established work done")
+
+        async def handshake() -> None:
+            await gate.admit()
+            events.append("third handshake admitted")
+
+        nursery.start_soon(busy)
+        nursery.start_soon(handshake)
+        await _until(lambda: len(events) == 2)
+        nursery.cancel_scope.cancel()
+    assert events == ["established work done", "third handshake admitted"]
+
+
+async def test_a_waiting_handshake_cut_by_its_deadline_leaves_the_queue() -> None:
+    """A connection whose deadline passes while it waits (--handshake-timeout) leaves the queue; the
+    token it would have had goes to the next one."""
+    gate = HandshakeGate(burst=1, max_delay=60.0)
+    await gate.admit()
+    order: list[str] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lambda: _admit(gate, "kept", order))
+        await trio.testing.wait_all_tasks_blocked()
+        scope = trio.CancelScope()
+        nursery.start_soon(lambda: _cut(gate, scope))
+        await trio.testing.wait_all_tasks_blocked()
+        assert gate.waiting == 2
+        scope.cancel()
+        await trio.testing.wait_all_tasks_blocked()
+        assert gate.waiting == 1
+        nursery.start_soon(gate.run)
+        await _until(lambda: order == ["kept"])
+        nursery.cancel_scope.cancel()
+    assert order == ["kept"]
+
+
+async def _cut(gate: HandshakeGate, scope: trio.CancelScope) -> None:
+    with scope:
+        await gate.admit()
+        raise AssertionError("admitted after its deadline")
+
+
+async def _tls_gateway(nursery: trio.Nursery, tmp_path: Path, *args: str) -> tuple[Gateway, ssl.SSLContext]:
+    ca = trustme.CA()
+    ca.issue_cert("localhost").private_key_and_cert_chain_pem.write_to_path(tmp_path / "tls.pem")
+    pem = str(tmp_path / "tls.pem")
+    server = await nursery.start(lambda task_status: serve_backend(task_status=task_status))
+    backend = f"http://127.0.0.1:{server.port}/allow"
+    gw = await start(nursery, tmp_path, backend, "--certfile", pem, "--keyfile", pem, *args)
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    context.set_alpn_protocols(["http/1.1"])
+    return gw, context
+
+
+async def _tls_reviews(gw: Gateway, context: ssl.SSLContext, count: int) -> list[int]:
+    """``count`` reviews, each on a new TLS connection, all at once; their status codes."""
+    statuses: list[int] = []
+
+    async def one() -> None:
+        stream = trio.SSLStream(
+            await trio.open_tcp_stream("127.0.0.1", gw.port), context, server_hostname="localhost"
+        )
+        with trio.fail_after(20):
+            await stream.send_all(review_request())
+            reply = await read_response(stream)  # type: ignore[arg-type]
+        await trio.aclose_forcefully(stream)
+        statuses.append(int(reply.split(b" ", 2)[1]) if reply else 0)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(count):
+            nursery.start_soon(one)
+    return statuses
+
+
+GATE_CASES = [
+    pytest.param(
+        ["--handshake-burst", "1"],
+        False,
+        id="--handshake-burst 1: a burst of new TLS connections all get answers",
+    ),
+    pytest.param(
+        ["--handshake-burst", "1"],
+        True,
+        id="--handshake-burst 1 while the event loop never goes idle: handshakes still go through, --handshake-burst per 10 ms",
+    ),
+    pytest.param(["--handshake-burst", "0"], False, id="--handshake-burst 0: no gate"),
+]
+
+
+@pytest.mark.parametrize(("args", "keep_busy"), GATE_CASES)
+async def test_new_tls_connections_get_through_the_gate(
+    nursery: trio.Nursery, tmp_path: Path, args: list[str], keep_busy: bool
+) -> None:
+    gw, context = await _tls_gateway(nursery, tmp_path, *args)
+    busy = trio.CancelScope()
+    if keep_busy:  # a task that always has work: the event loop never goes idle
+
+        async def spin() -> None:
+            while True:
+                await trio.lowlevel.checkpoint()
+
+        nursery.start_soon(lambda: _within(busy, spin))
+    assert await _tls_reviews(gw, context, 12) == [200] * 12
+    busy.cancel()
+    assert gw.counter("inbound_closed", "handshake_timeout") == 0
+
+
+async def _within(scope: trio.CancelScope, work: object) -> None:
+    assert callable(work)
+    with scope:
+        await work()
