@@ -16,7 +16,8 @@ Reasons (limits; docs/inbound.md, "Connections that are not established yet"):
   client's handshake takes milliseconds, so an attacker who keeps the bound full only ever
   evicts his own connections, where refusing new ones would refuse everybody's.
 - **A deadline of its own** (``--handshake-timeout``), and a reset (no FIN, no TIME_WAIT) for a
-  connection cut here: it never said anything worth a graceful close.
+  connection cut here: it never said anything worth a graceful close. A handshake that TLS
+  refuses is the exception: its alert is what tells the client why, so it gets a FIN after it.
 
 - **Established connections first** (``HandshakeGate``, ``--handshake-burst``): a handshake's
   crypto waits for a token, and tokens come back when the event loop has run everything else;
@@ -30,6 +31,7 @@ gateway process).
 from __future__ import annotations
 
 import contextlib
+import os
 import socket as stdlib_socket
 import ssl
 import struct
@@ -107,13 +109,36 @@ class PendingConnection:
                 self.stream = TLSSocketStream(self.sock, tls_context(), server_side=True)
                 await self.stream.do_handshake()
                 return self.stream, ""
-            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
-                self._reset()  # the client went away or spoke no TLS: nothing to count
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                if self.stream is not None and isinstance(exc.__cause__, ssl.SSLError):
+                    await self._close_after_alert()  # refused by TLS: the client must see why
+                else:
+                    self._reset()  # the client went away or spoke no TLS: nothing to count
                 return None, ""
         self._reset()
         if self.evicted:
             return None, "handshake_evicted"
         return None, late if trio.current_time() >= scope.deadline else ""
+
+    async def _close_after_alert(self) -> None:
+        """A handshake TLS refused (no client certificate under ``--client-ca``, one it cannot verify,
+        no common version or cipher): OpenSSL has written its alert. A reset would overtake it —
+        the client's kernel drops the unread alert when the RST arrives, and the client (the
+        kube-apiserver) reports ``connection reset by peer`` instead of ``tls: certificate
+        required``. So: FIN after the alert, then the client's bytes read and dropped until it
+        closes (a TLS 1.3 client sends its request before it reads the alert, and unread bytes at
+        close would make the kernel reset too), within the connection's deadline and at most 1 s.
+        """
+        assert self.stream is not None
+        sock = self.stream.socket
+        with contextlib.suppress(OSError):
+            sock.shutdown(stdlib_socket.SHUT_WR)  # SSLSocket: drops the SSL object, a plain FIN
+            with trio.move_on_after(1.0):
+                while True:
+                    await trio.lowlevel.wait_readable(sock)
+                    if not os.read(sock.fileno(), 65536):
+                        break
+        sock.close()
 
     def _reset(self) -> None:
         sock = self.stream.socket if self.stream is not None else self.sock
