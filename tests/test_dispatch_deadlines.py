@@ -272,3 +272,43 @@ async def test_namespace_labels_known_now_skip_the_lookup(
     assert trio.current_time() - start == pytest.approx(seconds, abs=0.1)
     assert namespaces.awaited == awaited
     assert len(backends.calls) == (1 if allowed else 0)
+
+
+@pytest.mark.parametrize(
+    ("namespace", "at_once"),
+    [
+        pytest.param("shop", True, id="MAT-12: a namespace known now: a shed review is decided at once"),
+        pytest.param("gone", True, id="MAT-16: a namespace known now not to exist: decided at once"),
+        pytest.param("other", False, id="MAT-17: a namespace not known now: not at once (the lookup waits)"),
+    ],
+)
+async def test_a_shed_review_is_decided_at_once_unless_its_namespace_must_be_looked_up(
+    autojump_clock: Any, namespace: str, at_once: bool
+) -> None:
+    """``decide_shed`` gives ``decide(..., shed=)``'s verdict without awaiting anything, or None
+    when the decision needs a namespace lookup; it never starts the lookup."""
+    backends = VirtualBackends({"sel.example.com": (0, "allow"), "all.example.com": (0, "allow")})
+    snap = snapshot(
+        hook("sel.example.com", "https://x", namespaceSelector={"matchLabels": {"team": "shop"}}),
+        hook("all.example.com", "https://x", failurePolicy="Ignore"),
+    )
+    namespaces = CachedNamespaces()
+    dispatcher = Dispatcher(backends, namespaces)
+    doc = json.dumps(review(namespace=namespace)).encode()
+    deadline = trio.current_time() + 5
+    verdict = dispatcher.decide_shed(
+        "validating", decode_inbound(doc), snap, deadline=deadline, shed="in_flight"
+    )
+    assert namespaces.awaited == 0 and backends.calls == []
+    if not at_once:
+        assert verdict is None
+        return
+    assert verdict is not None
+    ordinary = await dispatcher.decide(
+        "validating", decode_inbound(doc), snap, deadline=deadline, shed="in_flight"
+    )
+    assert (verdict.allowed, verdict.status, verdict.audit_annotations) == (
+        ordinary.allowed,
+        ordinary.status,
+        ordinary.audit_annotations,
+    )

@@ -156,8 +156,14 @@ class Dispatcher:
             candidates = plans.candidates(attrs) if plans else ()
             if _need_namespace(candidates):
                 name = namespace_to_look_up(attrs, [c.plan for c in candidates])
-                if name is not None and self.namespaces.labels_now(name) is None:
-                    return None
+                if name is not None:
+                    try:
+                        if self.namespaces.labels_now(name) is None:
+                            return None
+                    except NamespaceNotFoundError:
+                        pass  # known now not to exist (MAT-16): no lookup needed
+                    except Exception:  # noqa: BLE001 - the ordinary path reports the lookup's failure
+                        return None
         # With the snapshot given, a namespace known and every call refused, nothing in the walk
         # waits: the coroutine ends at its first step.
         walk = self.decide(kind, inbound, snapshot, deadline=deadline, shed=shed)

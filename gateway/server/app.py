@@ -180,9 +180,19 @@ class GatewayApp:
         path as usual: not a review, not shed, malformed (400), or a decision that must wait (the
         gateway not ready yet, a namespace lookup).
         """
-        overload = self.overload
-        if overload is None or method != b"POST":
+        if self.overload is None or method != b"POST":
             return None
+        try:
+            return self._answer_at_once(target, headers, body)
+        except Exception:  # a gateway bug here must not cost the connection: the ordinary path decides
+            log.exception("answering a shed review at once failed")
+            return None
+
+    def _answer_at_once(
+        self, target: bytes, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes] | None:
+        overload = self.overload
+        assert overload is not None
         raw_path, _, query = target.partition(b"?")
         path = raw_path.decode("latin-1")
         endpoint = self._endpoints.get(path)
