@@ -35,6 +35,8 @@ from typing import Final
 
 import trio
 
+from gateway.server.cgroup import limit_directories
+
 # glibc's mallopt parameter: at most this many malloc arenas (-8 is M_ARENA_MAX).
 _M_ARENA_MAX: Final = -8
 # Values above this mean "no limit" (cgroup v1 writes PAGE_COUNTER_MAX pages as bytes).
@@ -47,29 +49,13 @@ def memory_limit(
     cgroup_root: Path = Path("/sys/fs/cgroup"),
 ) -> int | None:
     """The tightest cgroup memory limit on the way from this process's cgroup to the root, in bytes."""
-    try:
-        lines = proc_cgroup.read_text().splitlines()
-    except OSError:
-        return None
-    limits: list[int] = []
-    for line in lines:
-        hierarchy, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
-        if hierarchy == "0" and controllers == "":  # cgroup v2: "0::/path"
-            for directory in _ancestors(cgroup_root, path):
-                limits.extend(_read_limit(directory / "memory.max"))
-        elif "memory" in controllers.split(","):  # cgroup v1: "4:memory:/path"
-            mount = cgroup_root / "memory"
-            if mount.is_dir():
-                for directory in _ancestors(mount, path):
-                    limits.extend(_read_limit(directory / "memory.limit_in_bytes"))
+    directories = limit_directories("memory", proc_cgroup=proc_cgroup, cgroup_root=cgroup_root)
+    limits = [
+        limit
+        for version, directory in directories
+        for limit in _read_limit(directory / ("memory.max" if version == 2 else "memory.limit_in_bytes"))
+    ]
     return min(limits) if limits else None
-
-
-def _ancestors(root: Path, path: str) -> Iterator[Path]:
-    parts = [p for p in path.split("/") if p and p != ".."]
-    for depth in range(len(parts), -1, -1):
-        yield root.joinpath(*parts[:depth])
 
 
 def _read_limit(file: Path) -> Iterator[int]:

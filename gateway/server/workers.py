@@ -74,6 +74,7 @@ from prometheus_client.samples import Sample
 from gateway.errors import ConfigError, GatewayError, ListenError, startup_failure
 from gateway.observability import Metrics, Observability
 from gateway.observability.metrics import PREFIX, HistogramChild
+from gateway.server.cgroup import limit_directories
 from gateway.server.limits import raise_nofile_limit
 from gateway.settings import ServeSettings
 from gateway.sources.reflector import Backoff
@@ -144,37 +145,12 @@ def available_cpus(
 
 def _cgroup_quota(proc_cgroup: Path, cgroup_root: Path) -> float | None:
     """The tightest CPU quota (in CPUs) on the way from this process's cgroup up to the root."""
-    try:
-        lines = proc_cgroup.read_text().splitlines()
-    except OSError:
-        return None
-    limits: list[float] = []
-    for line in lines:
-        hierarchy, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
-        if hierarchy == "0" and controllers == "":  # cgroup v2: "0::/path"
-            for directory in _ancestors(cgroup_root, path):
-                limits.extend(_v2_limit(directory / "cpu.max"))
-        elif "cpu" in controllers.split(","):  # cgroup v1: "4:cpu,cpuacct:/path"
-            mount = next(
-                (
-                    cgroup_root / name
-                    for name in (controllers, "cpu,cpuacct", "cpu")
-                    if (cgroup_root / name).is_dir()
-                ),
-                None,
-            )
-            if mount is not None:
-                for directory in _ancestors(mount, path):
-                    limits.extend(_v1_limit(directory))
+    limits = [
+        limit
+        for version, directory in limit_directories("cpu", proc_cgroup=proc_cgroup, cgroup_root=cgroup_root)
+        for limit in (_v2_limit(directory / "cpu.max") if version == 2 else _v1_limit(directory))
+    ]
     return min(limits) if limits else None
-
-
-def _ancestors(root: Path, path: str) -> Iterator[Path]:
-    """``root/a/b``, ``root/a``, ``root``: a container sees its own cgroup as ``/``."""
-    parts = [p for p in path.split("/") if p and p != ".."]
-    for depth in range(len(parts), -1, -1):
-        yield root.joinpath(*parts[:depth])
 
 
 def _v2_limit(cpu_max: Path) -> Iterator[float]:
