@@ -139,9 +139,8 @@ def _rss_mb(pid: int) -> float:
     return -1.0
 
 
-async def _connections(endpoint: Endpoint) -> tuple[int, int]:
-    """(open inbound, open backend) connections, from the gateway's /metrics."""
-    inbound = backend = 0
+async def _scrape(endpoint: Endpoint) -> str | None:
+    """The gateway's /metrics text, or None when it cannot be read within 5 s."""
     try:
         conn = await Http1Connection.open(endpoint)
         try:
@@ -149,9 +148,18 @@ async def _connections(endpoint: Endpoint) -> tuple[int, int]:
                 _, body = await conn.request(b"/metrics", b"", method=b"GET")
         finally:
             await conn.aclose()
-    except (OSError, ConnectionLostError, trio.TooSlowError):
+    except (OSError, ConnectionLostError, trio.TooSlowError, trio.BrokenResourceError):
+        return None
+    return body.decode()
+
+
+async def _connections(endpoint: Endpoint) -> tuple[int, int]:
+    """(open inbound, open backend) connections, from the gateway's /metrics."""
+    text = await _scrape(endpoint)
+    if text is None:
         return -1, -1
-    for line in body.decode().splitlines():
+    inbound = backend = 0
+    for line in text.splitlines():
         if line.startswith("webhook_gateway_inbound_open_connections "):
             inbound = int(float(line.split()[-1])) - 1  # not counting this scrape
         elif line.startswith("webhook_gateway_backend_open_connections{"):
@@ -554,20 +562,10 @@ def _client_hello() -> bytes:
 
 async def _metric(endpoint: Endpoint, prefix: str) -> float:
     """The sum of the gateway's samples whose line starts with ``prefix`` (its /metrics)."""
-    total = 0.0
-    try:
-        conn = await Http1Connection.open(endpoint)
-        try:
-            with trio.fail_after(5):
-                _, body = await conn.request(b"/metrics", b"", method=b"GET")
-        finally:
-            await conn.aclose()
-    except (OSError, ConnectionLostError, trio.TooSlowError, trio.BrokenResourceError):
+    text = await _scrape(endpoint)
+    if text is None:
         return -1.0
-    for line in body.decode().splitlines():
-        if line.startswith(prefix):
-            total += float(line.split()[-1])
-    return total
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
 
 
 async def _stall_wave(host: str, port: int, count: int, hello: bytes) -> list[trio.socket.SocketType]:
