@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import random
 import resource
 import shutil
 import socket
@@ -91,11 +92,42 @@ def self_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+_PORTS_GIVEN: set[int] = set()
+_PORT_FLOOR = 20000
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on right now (also used as the dead backend's port)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A port nothing listens on right now (also used as the dead backend's port), for a server
+    started later by its number.
+
+    Not ``bind(0)``: that hands out a port from the kernel's ephemeral range, which every outgoing
+    connection (and the next ``bind(0)``) draws from too, so by the time the server binds, a
+    connection or another server may hold it ("address already in use" — it failed CI once). The
+    port comes from below the ephemeral range instead, is never handed out twice by this process,
+    and is checked free by binding it."""
+    low, high = _ephemeral_range()
+    span = range(_PORT_FLOOR, low) if low - _PORT_FLOOR >= 1000 else range(high + 1, 65536)
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.choice(span)
+        if port in _PORTS_GIVEN:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _PORTS_GIVEN.add(port)
+        return port
+    raise RuntimeError(f"no free port in {span.start}-{span.stop - 1} on {host} after 200 tries")
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import trio
 import trustme
 
 from gateway.devtools.backends import serve_backend
+from loadtests.processes import free_port
 from tests.support.client import connect
 from tests.support.gateway import backend, review, write_config
 
@@ -32,12 +32,6 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         cwd=REPO,
         env={**os.environ, **(env or {})},
     )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_help_documents_every_option_and_its_variable() -> None:

@@ -17,7 +17,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from loadtests.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -61,13 +62,6 @@ def doc_commands() -> list[tuple[str, str]]:
     return found
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _bin() -> str:
     """The directory of the installed `webhook-gateway` script (the venv the tests run in)."""
     found = shutil.which("webhook-gateway") or str(Path(sys.executable).parent / "webhook-gateway")
@@ -98,7 +92,7 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Workspace]:
         cwd=directory, env=env, capture_output=True, text=True, check=False, timeout=60,
     )  # fmt: skip
     assert written.returncode == 0, written.stderr
-    port = _free_port()
+    port = free_port()
     Workspace(directory, env, port).localize()
     # deploy.md's commands run in a clone whose deploy/base/backends holds the user's backends
     shutil.copytree(
@@ -159,7 +153,7 @@ def test_every_documented_command_runs(
         plane = request.getfixturevalue("control_plane")
         line = line.replace("~/.kube/config", str(plane.kubeconfig))
     if _serves(line):
-        port = _free_port()
+        port = free_port()
         line = re.sub(r"--bind \S+", f"--bind 127.0.0.1:{port}", line)
         served = subprocess.Popen(
             "exec " + line, shell=True, cwd=workspace.directory, env=workspace.env,

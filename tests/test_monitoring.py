@@ -12,7 +12,6 @@ import contextlib
 import json
 import re
 import shutil
-import socket
 import ssl
 import subprocess
 import sys
@@ -29,6 +28,7 @@ import yaml
 from gateway.devtools.backends import serve_backend
 from gateway.observability import metrics_doc
 from gateway.observability.metrics import Metrics
+from loadtests.processes import free_port
 from tests.support.client import connect
 from tests.support.conversion import CRD, conversion_review, crd, crontab, write_crds
 from tests.support.gateway import hook, review, send_review, write_config
@@ -149,12 +149,6 @@ def test_metrics_reference_is_generated_from_the_code() -> None:
 # --- a real Prometheus scraping a real gateway ---------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _get_json(url: str) -> Any:
     with urllib.request.urlopen(url, timeout=5) as resp:  # loopback only
         return json.load(resp)
@@ -186,7 +180,7 @@ async def test_prometheus_scrapes_the_gateway_and_every_panel_has_data(
     prometheus = _tool("prometheus")
     backend = await nursery.start(lambda task_status: serve_backend(task_status=task_status))
     base = f"http://127.0.0.1:{backend.port}"
-    dead = f"http://127.0.0.1:{_free_port()}"  # nothing listens: connect errors
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens: connect errors
     write_config(
         tmp_path / "config",
         validating={
@@ -224,7 +218,7 @@ async def test_prometheus_scrapes_the_gateway_and_every_panel_has_data(
     ca = trustme.CA()
     cert = ca.issue_cert("localhost", "127.0.0.1")
     cert.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "tls.pem"))
-    port, metrics_port, prom_port = _free_port(), _free_port(), _free_port()
+    port, metrics_port, prom_port = free_port(), free_port(), free_port()
     gateway = await trio.lowlevel.open_process(
         [sys.executable, "-m", "gateway", "--config", str(tmp_path / "config"),
          "--bind", f"127.0.0.1:{port}", "--metrics-bind", f"127.0.0.1:{metrics_port}",

@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -25,17 +24,12 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadtests.processes import free_port
 from tests.support.client import connect
 from tests.support.gateway import backend, pod, review, write_config
 
 REPO = Path(__file__).resolve().parent.parent
 DROPPED = "webhook_gateway_log_lines_dropped_total"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

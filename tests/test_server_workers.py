@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import ssl
 import sys
 from collections.abc import AsyncIterator
@@ -25,17 +24,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.observability import Metrics
 from gateway.server.workers import available_cpus, capture, merge
+from loadtests.processes import free_port
 from tests.support.client import connect
 from tests.support.gateway import backend, hook, review, write_config
 from tests.support.kubeapi import FakeKubeAPI, write_kubeconfig
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # --- how many workers by default -----------------------------------------------------------------

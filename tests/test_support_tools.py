@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from loadtests.processes import free_port
 from tests.support.tools import STRICT_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,3 +65,13 @@ def test_missing_tools_skip_locally_and_fail_in_ci(
     assert summary in out, out
     assert "apt-get install surely-not-installed-tool" in out or strict, out
     assert "setup-envtest use 1.36" in out, out
+
+
+def test_a_free_port_is_below_the_ephemeral_range_and_never_handed_out_twice() -> None:
+    """A port from ``bind(0)`` is one an outgoing connection may take before the server binds it
+    (kube-apiserver failed CI with "address already in use" that way): the suite's ports come from
+    below the kernel's ephemeral range, each once."""
+    low, _high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    ports = [free_port() for _ in range(300)]
+    assert len(set(ports)) == len(ports)
+    assert all(1024 < port < low for port in ports)

@@ -30,7 +30,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -48,6 +47,7 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from loadtests.processes import free_port
 from tests.support.tools import require_kube_assets
 
 START_TIMEOUT = 60.0  # seconds for etcd and then the apiserver to become ready (3-5 s on an idle machine)
@@ -66,13 +66,6 @@ AUDIT_POLICY: dict[str, Any] = {
         {"level": "Metadata"},
     ],
 }
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def stop_process(
