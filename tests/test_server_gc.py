@@ -1,37 +1,229 @@
-"""The serving gateway's garbage collector: start-up objects frozen, full collections rare.
+"""The serving gateway's garbage collector: start-up objects frozen, full collections when quiet.
 
-docs/performance.md ("Why it collapses"): after ``gc.freeze()`` CPython's brake on full collections
-never applies, and each one scans every open connection's objects; the gateway raises the oldest
-generation's threshold from 10 to 100 once it serves.
+docs/performance.md ("Garbage collection"): a full collection scans every open connection's
+objects, so once it serves the gateway turns CPython's own full collections off and makes them
+itself (``gateway.server.gcgovernor``): when no request is in flight, or at a bound on time or
+memory growth whatever the load. The decision is a table here; the rest runs a real gateway
+in-process (the test must plant its objects in the gateway's own heap) over real sockets, with a
+real backend that keeps a review in flight.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
-from collections.abc import Iterator
+import weakref
+from collections.abc import AsyncIterator, Iterator
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 
+from gateway.cli import parse
 from gateway.devtools.backends import serve_backend
-from tests.support.inbound import start
+from gateway.server.gcgovernor import NEVER, GcGovernor, GcPolicy, GcReason
+from gateway.server.serve import Running, serve
+from tests.support.gateway import hook, write_config
+from tests.support.inbound import read_response, review_request
+
+MiB = 1 << 20
+POLICY = GcPolicy(quiet_seconds=0.1, min_young_collections=100, max_interval=300.0, max_growth_bytes=64 * MiB)
+
+
+def _governor(*, busy_at: float = 0.0, last_full_at: float = 0.0, lowest_rss: int = 100 * MiB) -> GcGovernor:
+    governor = GcGovernor.start(POLICY, last_full_at, lowest_rss)
+    governor.busy_at = busy_at
+    return governor
+
+
+# (in flight now, last request read at, now, middle-generation collections since the last full one, RSS)
+DECISIONS: list[Any] = [
+    pytest.param(0, -1.0, 10.0, 100, 100 * MiB, "quiet", id="quiet for longer than quiet_seconds and 100 young collections: a full collection"),
+    pytest.param(1, -1.0, 10.0, 5_000, 100 * MiB, None, id="a request in flight: no full collection, however many young collections"),
+    pytest.param(0, 9.95, 10.0, 5_000, 100 * MiB, None, id="a request read less than quiet_seconds ago: no full collection"),
+    pytest.param(0, -1.0, 10.0, 99, 100 * MiB, None, id="quiet, but fewer young collections than CPython's own threshold was: not worth a full collection"),
+    pytest.param(0, -1.0, 400.0, 0, 500 * MiB, None, id="nothing reached the oldest generation since the last full collection: none, whatever the bounds"),
+    pytest.param(1, -1.0, 300.0, 1, 100 * MiB, "interval", id="busy, max_interval after the last full collection: a full collection all the same"),
+    pytest.param(1, -1.0, 299.0, 1, 100 * MiB, None, id="busy, short of max_interval and of max_growth_bytes: no full collection"),
+    pytest.param(1, -1.0, 10.0, 1, 164 * MiB, "growth", id="busy, the resident set 64 MiB above its lowest since the last full collection: a full collection"),
+    pytest.param(1, -1.0, 10.0, 1, 163 * MiB, None, id="busy, the resident set grown by less than max_growth_bytes: no full collection"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("in_flight", "last_request_at", "now", "young", "rss", "expected"), DECISIONS)
+def test_when_a_full_collection_is_due(
+    in_flight: int, last_request_at: float, now: float, young: int, rss: int, expected: GcReason | None
+) -> None:
+    governor = _governor()
+    governor.observe(now, in_flight=in_flight, last_request_at=last_request_at)
+    assert governor.due(now, young=young, rss=rss) == expected
+
+
+def test_growth_counts_from_the_lowest_resident_set_since_the_last_full_collection_not_from_that_collection() -> None:
+    governor = _governor(busy_at=10.0, lowest_rss=200 * MiB)
+    governor.observe(10.0, in_flight=1, last_request_at=-1.0)
+    assert governor.due(10.0, young=1, rss=120 * MiB) is None  # a burst of connections ended, memory came back
+    assert governor.due(11.0, young=1, rss=184 * MiB) == "growth"  # 64 MiB above that low point
+
+
+def test_a_full_collection_restarts_every_bound_and_is_counted_with_its_pause() -> None:
+    governor = _governor()
+    governor.observe(300.0, in_flight=1, last_request_at=-1.0)
+    assert governor.due(300.0, young=1, rss=100 * MiB) == "interval"
+    governor.collected("interval", now=300.5, rss=150 * MiB, pause=0.25)
+    assert governor.due(301.0, young=1, rss=150 * MiB) is None
+    assert governor.due(301.0, young=1, rss=213 * MiB) is None  # 63 MiB above the collection's 150
+    assert governor.collections == {"quiet": 0, "interval": 1, "growth": 0}
+    assert (governor.pause_seconds, governor.longest_pause) == (0.25, 0.25)
+
+
+def test_a_request_read_between_two_polls_counts_as_busy_until_quiet_seconds_after_it() -> None:
+    governor = _governor(busy_at=0.0)
+    governor.observe(10.0, in_flight=0, last_request_at=9.97)  # read and answered between two polls
+    assert governor.due(10.0, young=100, rss=100 * MiB) is None
+    governor.observe(10.08, in_flight=0, last_request_at=9.97)
+    assert governor.due(10.08, young=100, rss=100 * MiB) == "quiet"
 
 
 @pytest.fixture
 def restored_gc() -> Iterator[None]:
     threshold = gc.get_threshold()
+    gc.set_threshold(700, 10, 10)  # CPython's defaults, as a process starts
+    gc.unfreeze()
     yield
     gc.set_threshold(*threshold)
     gc.unfreeze()
 
 
-async def test_a_serving_gateway_freezes_its_start_up_and_collects_in_full_ten_times_less_often(
-    restored_gc: None, nursery: trio.Nursery, tmp_path: Path
+class FullCollections:
+    """Records each full collection of this process with the reviews the gateway had in flight."""
+
+    def __init__(self, token: trio.lowlevel.TrioToken) -> None:
+        self.app: Any = None
+        self.in_flight_at: list[int] = []  # one entry per full collection
+        self.young = 0  # middle-generation collections seen
+        self.changed = trio.Event()
+        self._token = token
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase != "stop":
+            return
+        if info["generation"] == 1:
+            self.young += 1
+        elif info["generation"] == 2 and self.app is not None:
+            self.in_flight_at.append(self.app.in_flight)
+            with contextlib.suppress(trio.RunFinishedError):
+                self._token.run_sync_soon(self.changed.set)
+
+    async def wait(self, predicate: Any) -> None:
+        while not predicate():
+            self.changed = trio.Event()
+            await self.changed.wait()
+
+
+@pytest.fixture
+async def full_collections(restored_gc: None) -> AsyncIterator[FullCollections]:
+    recorder = FullCollections(trio.lowlevel.current_trio_token())
+    gc.callbacks.append(recorder)
+    yield recorder
+    gc.callbacks.remove(recorder)
+
+
+async def _gateway(nursery: trio.Nursery, tmp_path: Path, backend_url: str, policy: GcPolicy) -> Running:
+    config = tmp_path / "config"
+    write_config(config, validating={"v": [hook("v.example.com", backend_url, timeoutSeconds=30)]})
+    options = parse(["--config", str(config), "--bind", "127.0.0.1:0", "--drain-seconds", "0"]).options
+    running: Running = await nursery.start(
+        partial(serve, options, handle_signals=False, gc_policy=policy)
+    )
+    return running
+
+
+async def _review_in_flight(nursery: trio.Nursery, running: Running) -> trio.Event:
+    """Send one review whose backend takes its time; return once the gateway has it in flight."""
+    answered = trio.Event()
+    port = int(running.urls[0].rsplit(":", 1)[1])
+
+    async def send() -> None:
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(review_request("/validate?timeout=30s"))
+        assert b" 200 " in (await read_response(stream)).split(b"\r\n", 1)[0]
+        answered.set()
+        await stream.aclose()
+
+    nursery.start_soon(send)
+    while running.app.in_flight == 0:
+        await trio.sleep(0.01)
+    return answered
+
+
+async def _young_collections(recorder: FullCollections, count: int) -> None:
+    """Allocate until the middle generation has been collected ``count`` times, yielding to the
+    event loop as a busy gateway would (memory stays flat: each batch replaces the one before)."""
+    until = recorder.young + count
+    batch: list[list[None]] = []
+    while recorder.young < until:
+        for _ in range(10):
+            batch = [[] for _ in range(1_000)]  # type: ignore[misc]
+        await trio.sleep(0)
+    del batch
+
+
+async def test_no_full_collection_while_a_review_is_in_flight_and_one_once_the_gateway_is_quiet(
+    full_collections: FullCollections, nursery: trio.Nursery, tmp_path: Path
 ) -> None:
-    gc.set_threshold(700, 10, 10)
-    gc.unfreeze()
-    backend = await nursery.start(lambda task_status: serve_backend(task_status=task_status))
-    await start(nursery, tmp_path, f"http://127.0.0.1:{backend.port}/allow")
-    assert gc.get_threshold() == (700, 10, 100)
-    assert gc.get_freeze_count() > 0
+    backend = await nursery.start(partial(serve_backend))
+    running = await _gateway(nursery, tmp_path, backend.url("/sleep/1500/allow"), POLICY)
+    full_collections.app = running.app
+    assert gc.get_freeze_count() > 0  # what start-up left alive is never scanned again
+    answered = await _review_in_flight(nursery, running)
+    # Three times what made CPython collect in full before the governor (after 100 of them).
+    await _young_collections(full_collections, 300)
+    assert running.app.in_flight == 1
+    assert full_collections.in_flight_at == []
+    await answered.wait()
+    with trio.fail_after(20):  # a deadline for a broken governor, not a measurement
+        await full_collections.wait(lambda: 0 in full_collections.in_flight_at)
+    assert all(n == 0 for n in full_collections.in_flight_at), full_collections.in_flight_at
+
+
+async def test_a_reference_cycle_made_while_reviews_are_in_flight_is_collected_at_the_interval_bound(
+    full_collections: FullCollections, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    backend = await nursery.start(partial(serve_backend))
+    policy = GcPolicy(quiet_seconds=3600, max_interval=0.5, max_growth_bytes=1 << 40, poll_interval=0.05)
+    running = await _gateway(nursery, tmp_path, backend.url("/sleep/25000/allow"), policy)
+    full_collections.app = running.app
+    await _review_in_flight(nursery, running)
+    collected = trio.Event()
+
+    class Leaked:
+        pass
+
+    cycle = Leaked()
+    cycle.me = cycle  # type: ignore[attr-defined]
+    weakref.finalize(cycle, collected.set)
+    await _young_collections(full_collections, 2)  # alive, it reaches the oldest generation
+    assert not collected.is_set()
+    del cycle  # garbage now that only a full collection can find
+    with trio.fail_after(20):  # a deadline for a broken governor, not a measurement
+        await collected.wait()
+    assert running.app.in_flight == 1  # collected under load, by the bound
+    assert full_collections.in_flight_at and full_collections.in_flight_at[-1] == 1
+
+
+async def test_at_shutdown_the_governor_ends_and_gives_the_process_its_thresholds_back(
+    restored_gc: None, tmp_path: Path
+) -> None:
+    async with trio.open_nursery() as nursery:
+        backend = await nursery.start(partial(serve_backend))
+        running = await _gateway(nursery, tmp_path, backend.url("/allow"), POLICY)
+        assert gc.get_threshold() == (700, 10, NEVER)  # CPython makes no full collection itself
+        running.shutdown()
+        with trio.fail_after(20):
+            while gc.get_threshold() != (700, 10, 10):
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()  # the backend
+    assert gc.get_threshold() == (700, 10, 10)

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import structlog
 import trio
@@ -29,6 +29,7 @@ from gateway.dispatch.engine import Dispatcher, DispatchSettings
 from gateway.dispatch.ports import NamespaceNotFoundError
 from gateway.errors import ConfigError, ListenError
 from gateway.server.app import GatewayApp, Readiness, ServerSettings, request_path
+from gateway.server.gcgovernor import GcGovernor, GcPolicy, govern
 from gateway.server.hypercorn.config import GatewayConfig, server_config
 from gateway.server.hypercorn.listener import serve_inbound
 from gateway.server.hypercorn.version import check_versions
@@ -53,6 +54,8 @@ if TYPE_CHECKING:
     from gateway.server.shared_state import SharedBackendState
 
 log = structlog.get_logger("gateway.server")
+
+_GC_POLICY: Final = GcPolicy()  # when full garbage collections run once serving (gcgovernor)
 
 
 class ReloadableTLS:
@@ -99,6 +102,7 @@ async def serve(
     readiness: Readiness | None = None,
     shared_state: SharedBackendState | None = None,
     processes: int = 1,
+    gc_policy: GcPolicy = _GC_POLICY,
     task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the gateway until SIGTERM/SIGINT (or ``Running.shutdown()``), then drain and return.
@@ -106,6 +110,7 @@ async def serve(
     ``shared_state``: a worker's tables of per-backend state shared with the other workers
     (``--workers N``); circuits, bulkheads' counts and endpoint ejections then live there.
     ``processes``: how many gateway processes share this one's memory limit (``--workers``).
+    ``gc_policy``: when full garbage collections run once serving (tests shorten its bounds).
     """
     from gateway.dispatch.policy import GuardedBackends
     from gateway.dispatch.shadow import ShadowCalls
@@ -297,15 +302,17 @@ async def serve(
             # stall the event loop for 20-40 ms (docs/performance.md).
             gc.collect()
             gc.freeze()
-            # A full collection after every 100 collections of the middle generation instead of 10.
-            # After the freeze almost nothing counts as long-lived, so CPython's own brake (a full
-            # collection only once the long-lived pending exceed a quarter of the long-lived) never
-            # applies, and every full collection scans each open connection's objects: 300-600 ms
-            # of the event loop each, about one a second under load, with thousands of connections
-            # open. Closed connections leave no reference cycles (tests/test_server_memory.py),
-            # so little waits for a full collection: a 5-minute soak at 50 % of capacity kept the
-            # resident set flat (docs/performance.md, "Why it collapses").
-            gc.set_threshold(_GC_GEN0, _GC_GEN1, _GC_GEN2)
+            # Full collections from now on when the gateway is quiet, or at a bound on time and
+            # memory growth, never by CPython's own count: each scans every open connection's
+            # objects, 200-420 ms of the event loop with thousands open (gateway.server.gcgovernor).
+            await nursery.start(
+                partial(
+                    govern,
+                    GcGovernor.start(gc_policy, trio.current_time(), resident_bytes()),
+                    lambda: (runtime.requests_in_flight, runtime.last_request_at),
+                    resident_bytes,
+                )
+            )
             registrar = None
             if options.manage_registration:
                 from gateway.server.self_registration import registrar_from
@@ -334,9 +341,6 @@ async def serve(
         nursery.cancel_scope.cancel()  # watchers, namespace source, pool readers
     log.info("stopped")
 
-
-# The cyclic GC's thresholds once serving (``gc.set_threshold``): CPython's defaults but the last.
-_GC_GEN0, _GC_GEN1, _GC_GEN2 = 700, 10, 100
 
 _LISTEN_ERRORS = (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL)
 

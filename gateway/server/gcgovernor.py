@@ -1,0 +1,145 @@
+"""When the serving gateway makes its full garbage collections: when it is quiet, or at a bound.
+
+A full (generation-2) collection scans every object the cyclic collector tracks outside the frozen
+start-up set, and with thousands of connections open that is 200-420 ms of the event loop
+(docs/performance.md, "Garbage collection"). CPython starts one by itself after every N collections
+of the middle generation, whatever the process is doing, and under load that is every few seconds:
+a stall that delays every review due meanwhile and makes the apiserver dial new connections.
+Closed connections leave no reference cycles (tests/test_server_memory.py), so such a collection
+finds almost nothing.
+
+So once serving, CPython's own full collections are off (the oldest generation's threshold out of
+reach) and this governor makes them instead:
+
+- ``quiet``: no request in flight and none read for ``quiet_seconds``, and at least
+  ``min_young_collections`` collections of the middle generation since the last full one (what
+  CPython's own threshold was: a full collection is not worth making for less);
+- ``interval``: ``max_interval`` seconds since the last full collection, busy or not;
+- ``growth``: the resident set grew by ``max_growth_bytes`` above its lowest point since the last
+  full collection, busy or not — so a real reference-cycle leak still cannot grow memory without
+  bound.
+
+The bounds apply only when something reached the oldest generation since the last full collection
+(a collection of the middle generation happened): otherwise a full one could free nothing new.
+
+``GcGovernor`` is the decision, over the clock and counters it is given; ``govern`` is the task that
+feeds it from the listener's counters and ``gc``, and hands the thresholds back when it ends.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+import structlog
+import trio
+
+GcReason = Literal["quiet", "interval", "growth"]
+GC_REASONS: Final[tuple[GcReason, ...]] = ("quiet", "interval", "growth")
+
+# The young generations' thresholds while serving are CPython's defaults; the oldest one is never
+# reached (``gc.get_count()[2]`` counts middle-generation collections: one every ~7,000 allocations).
+GEN0_THRESHOLD: Final = 700
+GEN1_THRESHOLD: Final = 10
+NEVER: Final = 1 << 30
+
+log = structlog.get_logger("gateway.server")
+
+
+@dataclass(frozen=True, slots=True)
+class GcPolicy:
+    """When a full collection is made (seconds, bytes); ``poll_interval``: how often it is asked."""
+
+    quiet_seconds: float = 0.1
+    min_young_collections: int = 100
+    max_interval: float = 300.0
+    max_growth_bytes: int = 64 << 20
+    poll_interval: float = 0.05
+
+    def __post_init__(self) -> None:
+        if min(self.quiet_seconds, self.max_interval, self.poll_interval) <= 0:
+            raise ValueError("quiet_seconds, max_interval and poll_interval must be > 0")
+        if self.min_young_collections < 1 or self.max_growth_bytes < 1:
+            raise ValueError("min_young_collections and max_growth_bytes must be >= 1")
+
+
+@dataclass(eq=False, slots=True)
+class GcGovernor:
+    """The decision: ``observe`` the listener each poll, ask ``due``, report ``collected``. No I/O."""
+
+    policy: GcPolicy
+    last_full_at: float  # when the last full collection ended (or the governor started)
+    lowest_rss: int  # the lowest resident set seen since then
+    busy_at: float = -float("inf")  # the last time a request was seen in flight or read
+    collections: dict[GcReason, int] = field(default_factory=lambda: dict.fromkeys(GC_REASONS, 0))
+    pause_seconds: float = 0.0  # all full collections' pauses together
+    longest_pause: float = 0.0
+
+    @classmethod
+    def start(cls, policy: GcPolicy, now: float, rss: int) -> GcGovernor:
+        return cls(policy, last_full_at=now, lowest_rss=rss, busy_at=now)
+
+    def observe(self, now: float, *, in_flight: int, last_request_at: float) -> None:
+        """What the listener says now: requests in flight, when the last one was read."""
+        if in_flight:
+            self.busy_at = now
+        elif last_request_at > self.busy_at:
+            self.busy_at = last_request_at
+
+    def due(self, now: float, *, young: int, rss: int) -> GcReason | None:
+        """Why a full collection should run now, or None. ``young``: middle-generation collections
+        since the last full one (``gc.get_count()[2]``); ``rss``: the resident set in bytes."""
+        self.lowest_rss = min(self.lowest_rss, rss)
+        if young < 1:
+            return None  # nothing reached the oldest generation: a full collection frees nothing new
+        policy = self.policy
+        if rss - self.lowest_rss >= policy.max_growth_bytes:
+            return "growth"
+        if now - self.last_full_at >= policy.max_interval:
+            return "interval"
+        if young >= policy.min_young_collections and now - self.busy_at >= policy.quiet_seconds:
+            return "quiet"
+        return None
+
+    def collected(self, reason: GcReason, *, now: float, rss: int, pause: float) -> None:
+        """A full collection ran for ``reason``, ended at ``now`` and took ``pause`` seconds."""
+        self.collections[reason] += 1
+        self.pause_seconds += pause
+        self.longest_pause = max(self.longest_pause, pause)
+        self.last_full_at = now
+        self.lowest_rss = rss
+
+
+async def govern(
+    governor: GcGovernor,
+    requests: Callable[[], tuple[int, float]],
+    rss: Callable[[], int],
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Turn CPython's own full collections off and make them when ``governor`` says, until cancelled;
+    then give the process its thresholds back. ``requests()``: (requests in flight, trio time the
+    last one was read)."""
+    previous = gc.get_threshold()
+    gc.set_threshold(GEN0_THRESHOLD, GEN1_THRESHOLD, NEVER)
+    task_status.started()
+    try:
+        while True:
+            await trio.sleep(governor.policy.poll_interval)
+            now = trio.current_time()
+            in_flight, last_request_at = requests()
+            governor.observe(now, in_flight=in_flight, last_request_at=last_request_at)
+            reason = governor.due(now, young=gc.get_count()[2], rss=rss())
+            if reason is None:
+                continue
+            started = time.perf_counter()
+            found = gc.collect(2)
+            pause = time.perf_counter() - started
+            governor.collected(reason, now=trio.current_time(), rss=rss(), pause=pause)
+            if reason != "quiet":  # rare by design: say why the loop stalled
+                log.info("full garbage collection", reason=reason, ms=round(1e3 * pause, 1), found=found)
+    finally:
+        gc.set_threshold(*previous)
