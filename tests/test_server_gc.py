@@ -23,6 +23,7 @@ import trio
 
 from gateway.cli import parse
 from gateway.devtools.backends import serve_backend
+from gateway.observability import Observability
 from gateway.server.gcgovernor import NEVER, GcGovernor, GcPolicy, GcReason
 from gateway.server.serve import Running, serve
 from tests.support.gateway import hook, write_config
@@ -61,10 +62,14 @@ def test_when_a_full_collection_is_due(
     assert governor.due(now, young=young, rss=rss) == expected
 
 
-def test_growth_counts_from_the_lowest_resident_set_since_the_last_full_collection_not_from_that_collection() -> None:
+def test_growth_counts_from_the_lowest_resident_set_since_the_last_full_collection_not_from_that_collection() -> (
+    None
+):
     governor = _governor(busy_at=10.0, lowest_rss=200 * MiB)
     governor.observe(10.0, in_flight=1, last_request_at=-1.0)
-    assert governor.due(10.0, young=1, rss=120 * MiB) is None  # a burst of connections ended, memory came back
+    assert (
+        governor.due(10.0, young=1, rss=120 * MiB) is None
+    )  # a burst of connections ended, memory came back
     assert governor.due(11.0, young=1, rss=184 * MiB) == "growth"  # 64 MiB above that low point
 
 
@@ -135,10 +140,25 @@ async def _gateway(nursery: trio.Nursery, tmp_path: Path, backend_url: str, poli
     config = tmp_path / "config"
     write_config(config, validating={"v": [hook("v.example.com", backend_url, timeoutSeconds=30)]})
     options = parse(["--config", str(config), "--bind", "127.0.0.1:0", "--drain-seconds", "0"]).options
+    observer = Observability(metrics=True, review_log=False)
     running: Running = await nursery.start(
-        partial(serve, options, handle_signals=False, gc_policy=policy)
+        partial(serve, options, observer=observer, handle_signals=False, gc_policy=policy)
     )
     return running
+
+
+async def _full_collections_exported(running: Running) -> dict[str, float]:
+    """``webhook_gateway_gc_full_collections_total`` per reason, from the gateway's ``GET /metrics``."""
+    stream = await trio.open_tcp_stream("127.0.0.1", int(running.urls[0].rsplit(":", 1)[1]))
+    await stream.send_all(b"GET /metrics HTTP/1.1\r\nhost: gw\r\n\r\n")
+    text = (await read_response(stream)).decode()
+    await stream.aclose()
+    prefix = 'webhook_gateway_gc_full_collections_total{reason="'
+    return {
+        line[len(prefix) :].split('"', 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(prefix)
+    }
 
 
 async def _review_in_flight(nursery: trio.Nursery, running: Running) -> trio.Event:
@@ -187,6 +207,9 @@ async def test_no_full_collection_while_a_review_is_in_flight_and_one_once_the_g
     with trio.fail_after(20):  # a deadline for a broken governor, not a measurement
         await full_collections.wait(lambda: 0 in full_collections.in_flight_at)
     assert all(n == 0 for n in full_collections.in_flight_at), full_collections.in_flight_at
+    exported = await _full_collections_exported(running)
+    assert exported["quiet"] >= 1
+    assert exported["interval"] == exported["growth"] == 0
 
 
 async def test_a_reference_cycle_made_while_reviews_are_in_flight_is_collected_at_the_interval_bound(
@@ -212,6 +235,7 @@ async def test_a_reference_cycle_made_while_reviews_are_in_flight_is_collected_a
         await collected.wait()
     assert running.app.in_flight == 1  # collected under load, by the bound
     assert full_collections.in_flight_at and full_collections.in_flight_at[-1] == 1
+    assert (await _full_collections_exported(running))["interval"] >= 1
 
 
 async def test_at_shutdown_the_governor_ends_and_gives_the_process_its_thresholds_back(

@@ -439,6 +439,20 @@ class Metrics:
             (),
         )  # fmt: skip
 
+        # --- [GW] full garbage collections (server/gcgovernor.py, docs/performance.md) ---------------
+        self.gc_full_collections = _counter(
+            "gc_full_collections_total",
+            "Full (generation-2) garbage collections the gateway made once serving, per reason: quiet "
+            "(no request in flight), interval (the time bound reached under load), growth (the "
+            "resident set grew by the bound under load). The event loop stops for each.",
+            ("reason",),
+        )  # fmt: skip
+        self.gc_full_collection_seconds = _counter(
+            "gc_full_collection_seconds_total",
+            "Seconds the event loop was stopped by those full garbage collections, per reason.",
+            ("reason",),
+        )  # fmt: skip
+
         self.families: tuple[Family[CounterChild] | Family[GaugeChild] | Family[HistogramChild], ...] = (
             self.webhook_duration, self.webhook_requests, self.webhook_rejections, self.webhook_fail_open,
             self.condition_errors, self.condition_exclusions, self.condition_seconds, self.step_duration,
@@ -447,7 +461,7 @@ class Metrics:
             self.review_overhead, self.reviews_in_flight, self.config_generation, self.config_last_reload_ok,
             self.backend_timeout, self.serving_certificate_expiry,
             self.inbound_closed, self.inbound_rejected, self.h2_goaways, self.certificate_reloads,
-            self.log_lines_dropped,
+            self.log_lines_dropped, self.gc_full_collections, self.gc_full_collection_seconds,
         )  # fmt: skip
         self._init_conversion()
         self._init_resilience()
@@ -479,6 +493,9 @@ class Metrics:
         for result in ("success", "failure"):
             self.certificate_reloads.labels(result)
         self.log_lines_dropped.labels()
+        for reason in ("quiet", "interval", "growth"):
+            self.gc_full_collections.labels(reason)
+            self.gc_full_collection_seconds.labels(reason)
 
         # Hot-path caches: every child a review or an invocation updates, fetched with one dict lookup.
         # Children are still created on first use, in the same order (``labels`` creates them), so the
@@ -890,6 +907,11 @@ class Metrics:
 
     def certificate_reloaded(self, ok: bool) -> None:
         self.certificate_reloads.labels("success" if ok else "failure").value += 1
+
+    def gc_collected(self, reason: str, seconds: float) -> None:
+        """A full garbage collection for ``reason`` stopped the event loop for ``seconds``."""
+        self.gc_full_collections.labels(reason).value += 1
+        self.gc_full_collection_seconds.labels(reason).value += seconds
 
     def set_inbound_source(self, source: Callable[[], int] | None) -> None:
         """At every scrape, ``source()`` gives the open inbound connections."""

@@ -392,6 +392,11 @@ class Observability:
         if self.prometheus is not None:
             self.prometheus.certificate_reloaded(ok)
 
+    def gc_collected(self, reason: str, seconds: float) -> None:
+        """A full garbage collection (``gateway.server.gcgovernor``) stopped the loop for ``seconds``."""
+        if self.prometheus is not None:
+            self.prometheus.gc_collected(reason, seconds)
+
     def set_circuit_source(self, source: Callable[[], Iterable[tuple[str, int, bool]]] | None) -> None:
         """At every scrape, each circuit's state as the guards act on it now (not as last reported)."""
         if self.prometheus is not None:

@@ -118,11 +118,12 @@ async def govern(
     requests: Callable[[], tuple[int, float]],
     rss: Callable[[], int],
     *,
+    on_collected: Callable[[GcReason, float], object] | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Turn CPython's own full collections off and make them when ``governor`` says, until cancelled;
     then give the process its thresholds back. ``requests()``: (requests in flight, trio time the
-    last one was read)."""
+    last one was read). ``on_collected(reason, pause seconds)`` after each full collection (metrics)."""
     previous = gc.get_threshold()
     gc.set_threshold(GEN0_THRESHOLD, GEN1_THRESHOLD, NEVER)
     task_status.started()
@@ -139,6 +140,8 @@ async def govern(
             found = gc.collect(2)
             pause = time.perf_counter() - started
             governor.collected(reason, now=trio.current_time(), rss=rss(), pause=pause)
+            if on_collected is not None:
+                on_collected(reason, pause)
             if reason != "quiet":  # rare by design: say why the loop stalled
                 log.info("full garbage collection", reason=reason, ms=round(1e3 * pause, 1), found=found)
     finally:

@@ -311,6 +311,7 @@ async def serve(
                     GcGovernor.start(gc_policy, trio.current_time(), resident_bytes()),
                     lambda: (runtime.requests_in_flight, runtime.last_request_at),
                     resident_bytes,
+                    on_collected=observer.gc_collected,
                 )
             )
             registrar = None
