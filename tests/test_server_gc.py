@@ -40,37 +40,27 @@ def _governor(*, busy_at: float = 0.0, last_full_at: float = 0.0, lowest_rss: in
 
 
 # (in flight now, last request read at, now, middle-generation collections since the last full one,
-#  RSS, inbound connections open); the governor started at 0 s with 100 MiB and no connection.
+#  RSS); the governor started at 0 s with 100 MiB resident.
 DECISIONS: list[Any] = [
-    pytest.param(0, -1.0, 10.0, 100, 100 * MiB, 0, "quiet", id="quiet for longer than quiet_seconds and 100 young collections: a full collection"),
-    pytest.param(1, -1.0, 10.0, 5_000, 100 * MiB, 0, None, id="a request in flight: no full collection, however many young collections"),
-    pytest.param(0, 9.95, 10.0, 5_000, 100 * MiB, 0, None, id="a request read less than quiet_seconds ago: no full collection"),
-    pytest.param(0, -1.0, 10.0, 99, 100 * MiB, 0, None, id="quiet, but fewer young collections than CPython's own threshold was: not worth a full collection"),
-    pytest.param(0, -1.0, 400.0, 0, 500 * MiB, 0, None, id="nothing reached the oldest generation since the last full collection: none, whatever the bounds"),
-    pytest.param(1, -1.0, 300.0, 1, 100 * MiB, 0, "interval", id="busy, max_interval after the last full collection: a full collection all the same"),
-    pytest.param(1, -1.0, 299.0, 1, 100 * MiB, 0, None, id="busy, short of max_interval and of max_growth_bytes: no full collection"),
-    pytest.param(1, -1.0, 10.0, 1, 164 * MiB, 0, "growth", id="busy, the resident set 64 MiB above its lowest since the last full collection: a full collection"),
-    pytest.param(1, -1.0, 10.0, 1, 163 * MiB, 0, None, id="busy, the resident set grown by less than max_growth_bytes: no full collection"),
-    pytest.param(1, -1.0, 10.0, 1, 164 * MiB, 1_024, None, id="busy, 64 MiB more, all of it explained by 1,024 more connections at 64 KiB: no full collection at the burst's peak"),
-    pytest.param(1, -1.0, 10.0, 1, 228 * MiB, 1_024, "growth", id="busy, 64 MiB more than 1,024 more connections explain: a full collection"),
+    pytest.param(0, -1.0, 10.0, 100, 100 * MiB, "quiet", id="quiet for longer than quiet_seconds and 100 young collections: a full collection"),
+    pytest.param(1, -1.0, 10.0, 5_000, 100 * MiB, None, id="a request in flight: no full collection, however many young collections"),
+    pytest.param(0, 9.95, 10.0, 5_000, 100 * MiB, None, id="a request read less than quiet_seconds ago: no full collection"),
+    pytest.param(0, -1.0, 10.0, 99, 100 * MiB, None, id="quiet, but fewer young collections than CPython's own threshold was: not worth a full collection"),
+    pytest.param(0, -1.0, 400.0, 0, 500 * MiB, None, id="nothing reached the oldest generation since the last full collection: none, whatever the bounds"),
+    pytest.param(1, -1.0, 300.0, 1, 100 * MiB, "interval", id="busy, max_interval after the last full collection: a full collection all the same"),
+    pytest.param(1, -1.0, 299.0, 1, 100 * MiB, None, id="busy, short of max_interval and of max_growth_bytes: no full collection"),
+    pytest.param(1, -1.0, 10.0, 1, 164 * MiB, "growth", id="busy, the resident set 64 MiB above its lowest since the last full collection: a full collection"),
+    pytest.param(1, -1.0, 10.0, 1, 163 * MiB, None, id="busy, the resident set grown by less than max_growth_bytes: no full collection"),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("in_flight", "last_request_at", "now", "young", "rss", "connections", "expected"), DECISIONS
-)
+@pytest.mark.parametrize(("in_flight", "last_request_at", "now", "young", "rss", "expected"), DECISIONS)
 def test_when_a_full_collection_is_due(
-    in_flight: int,
-    last_request_at: float,
-    now: float,
-    young: int,
-    rss: int,
-    connections: int,
-    expected: GcReason | None,
+    in_flight: int, last_request_at: float, now: float, young: int, rss: int, expected: GcReason | None
 ) -> None:
     governor = _governor()
     governor.observe(now, in_flight=in_flight, last_request_at=last_request_at)
-    assert governor.due(now, young=young, rss=rss, connections=connections) == expected
+    assert governor.due(now, young=young, rss=rss) == expected
 
 
 def test_growth_counts_from_the_lowest_point_since_the_last_full_collection_not_from_that_collection() -> (
@@ -82,12 +72,11 @@ def test_growth_counts_from_the_lowest_point_since_the_last_full_collection_not_
     assert governor.due(11.0, young=1, rss=184 * MiB) == "growth"  # 64 MiB above that low point
 
 
-def test_memory_a_burst_of_connections_kept_after_they_closed_counts_as_growth() -> None:
-    governor = _governor(busy_at=10.0)
+def test_a_large_resident_set_may_grow_by_half_before_growth_forces_a_full_collection() -> None:
+    governor = _governor(busy_at=10.0, lowest_rss=400 * MiB)
     governor.observe(10.0, in_flight=1, last_request_at=-1.0)
-    assert governor.due(10.0, young=1, rss=164 * MiB, connections=1_024) is None  # the burst
-    # The connections closed, malloc kept their memory: collect now, with few connections to scan.
-    assert governor.due(11.0, young=1, rss=164 * MiB, connections=0) == "growth"
+    assert governor.due(10.0, young=1, rss=599 * MiB) is None  # more than 64 MiB, less than half
+    assert governor.due(10.0, young=1, rss=600 * MiB) == "growth"
 
 
 def test_a_full_collection_restarts_every_bound_and_is_counted_with_its_pause() -> None:

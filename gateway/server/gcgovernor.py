@@ -15,12 +15,13 @@ reach) and this governor makes them instead:
   ``min_young_collections`` collections of the middle generation since the last full one (what
   CPython's own threshold was: a full collection is not worth making for less);
 - ``interval``: ``max_interval`` seconds since the last full collection, busy or not;
-- ``growth``: the memory held beyond what the open connections explain (the resident set minus
-  ``connection_cost`` per open connection, the allowance the connection bounds use) grew by
-  ``max_growth_bytes`` above its lowest point since the last full collection, busy or not — so a
-  real reference-cycle leak still cannot grow memory without bound, while a burst of connections,
-  whose memory the connection bounds already limit, does not force a collection at its peak, when
-  one would take longest.
+- ``growth``: the resident set grew above its lowest point since the last full collection by
+  ``max_growth_bytes`` or by ``max_growth_ratio`` of that low point, whichever is more, busy or
+  not — so a real reference-cycle leak still cannot grow memory without bound. The resident set,
+  not what the open connections explain: memory a closed connection freed stays resident in
+  malloc and is reused by the next one, so under connection churn the resident set stays flat,
+  while connections open minus a cost each would rise with every one that closes (measured: a
+  full collection every 0.5 s at 80 % of capacity, each finding nothing).
 
 The bounds apply only when something reached the oldest generation since the last full collection
 (a collection of the middle generation happened): otherwise a full one could free nothing new.
@@ -39,8 +40,6 @@ from typing import Final, Literal
 
 import structlog
 import trio
-
-from gateway.server.limits import CONNECTION_COST
 
 GcReason = Literal["quiet", "interval", "growth"]
 GC_REASONS: Final[tuple[GcReason, ...]] = ("quiet", "interval", "growth")
@@ -62,18 +61,14 @@ class GcPolicy:
     min_young_collections: int = 100
     max_interval: float = 300.0
     max_growth_bytes: int = 64 << 20
-    connection_cost: int = CONNECTION_COST  # bytes of the resident set one open connection explains
+    max_growth_ratio: float = 0.5
     poll_interval: float = 0.05
 
     def __post_init__(self) -> None:
         if min(self.quiet_seconds, self.max_interval, self.poll_interval) <= 0:
             raise ValueError("quiet_seconds, max_interval and poll_interval must be > 0")
-        if self.min_young_collections < 1 or self.max_growth_bytes < 1 or self.connection_cost < 0:
-            raise ValueError("min_young_collections and max_growth_bytes must be >= 1, connection_cost >= 0")
-
-    def held(self, rss: int, connections: int) -> int:
-        """The memory held beyond what ``connections`` open connections explain."""
-        return rss - connections * self.connection_cost
+        if self.min_young_collections < 1 or self.max_growth_bytes < 1 or self.max_growth_ratio < 0:
+            raise ValueError("min_young_collections and max_growth_bytes must be >= 1, max_growth_ratio >= 0")
 
 
 @dataclass(eq=False, slots=True)
@@ -82,15 +77,15 @@ class GcGovernor:
 
     policy: GcPolicy
     last_full_at: float  # when the last full collection ended (or the governor started)
-    lowest_held: int  # the lowest memory held beyond the connections' (``held``) since then
+    lowest_rss: int  # the lowest resident set seen since then
     busy_at: float = -float("inf")  # the last time a request was seen in flight or read
     collections: dict[GcReason, int] = field(default_factory=lambda: dict.fromkeys(GC_REASONS, 0))
     pause_seconds: float = 0.0  # all full collections' pauses together
     longest_pause: float = 0.0
 
     @classmethod
-    def start(cls, policy: GcPolicy, now: float, rss: int, connections: int = 0) -> GcGovernor:
-        return cls(policy, last_full_at=now, lowest_held=policy.held(rss, connections), busy_at=now)
+    def start(cls, policy: GcPolicy, now: float, rss: int) -> GcGovernor:
+        return cls(policy, last_full_at=now, lowest_rss=rss, busy_at=now)
 
     def observe(self, now: float, *, in_flight: int, last_request_at: float) -> None:
         """What the listener says now: requests in flight, when the last one was read."""
@@ -99,16 +94,14 @@ class GcGovernor:
         elif last_request_at > self.busy_at:
             self.busy_at = last_request_at
 
-    def due(self, now: float, *, young: int, rss: int, connections: int = 0) -> GcReason | None:
+    def due(self, now: float, *, young: int, rss: int) -> GcReason | None:
         """Why a full collection should run now, or None. ``young``: middle-generation collections
-        since the last full one (``gc.get_count()[2]``); ``rss``: the resident set in bytes;
-        ``connections``: inbound connections open now."""
-        policy = self.policy
-        held = policy.held(rss, connections)
-        self.lowest_held = min(self.lowest_held, held)
+        since the last full one (``gc.get_count()[2]``); ``rss``: the resident set in bytes."""
+        self.lowest_rss = min(self.lowest_rss, rss)
         if young < 1:
             return None  # nothing reached the oldest generation: a full collection frees nothing new
-        if held - self.lowest_held >= policy.max_growth_bytes:
+        policy = self.policy
+        if rss - self.lowest_rss >= max(policy.max_growth_bytes, policy.max_growth_ratio * self.lowest_rss):
             return "growth"
         if now - self.last_full_at >= policy.max_interval:
             return "interval"
@@ -116,30 +109,26 @@ class GcGovernor:
             return "quiet"
         return None
 
-    def collected(
-        self, reason: GcReason, *, now: float, rss: int, pause: float, connections: int = 0
-    ) -> None:
+    def collected(self, reason: GcReason, *, now: float, rss: int, pause: float) -> None:
         """A full collection ran for ``reason``, ended at ``now`` and took ``pause`` seconds."""
         self.collections[reason] += 1
         self.pause_seconds += pause
         self.longest_pause = max(self.longest_pause, pause)
         self.last_full_at = now
-        self.lowest_held = self.policy.held(rss, connections)
+        self.lowest_rss = rss
 
 
 async def govern(
     governor: GcGovernor,
     requests: Callable[[], tuple[int, float]],
     rss: Callable[[], int],
-    connections: Callable[[], int],
     *,
     on_collected: Callable[[GcReason, float], object] | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Turn CPython's own full collections off and make them when ``governor`` says, until cancelled;
     then give the process its thresholds back. ``requests()``: (requests in flight, trio time the
-    last one was read); ``rss()``: the resident set; ``connections()``: inbound connections open;
-    ``on_collected(reason, pause seconds)``: after each full collection (metrics)."""
+    last one was read). ``on_collected(reason, pause seconds)`` after each full collection (metrics)."""
     previous = gc.get_threshold()
     gc.set_threshold(GEN0_THRESHOLD, GEN1_THRESHOLD, NEVER)
     task_status.started()
@@ -149,15 +138,13 @@ async def govern(
             now = trio.current_time()
             in_flight, last_request_at = requests()
             governor.observe(now, in_flight=in_flight, last_request_at=last_request_at)
-            reason = governor.due(now, young=gc.get_count()[2], rss=rss(), connections=connections())
+            reason = governor.due(now, young=gc.get_count()[2], rss=rss())
             if reason is None:
                 continue
             started = time.perf_counter()
             found = gc.collect(2)
             pause = time.perf_counter() - started
-            governor.collected(
-                reason, now=trio.current_time(), rss=rss(), pause=pause, connections=connections()
-            )
+            governor.collected(reason, now=trio.current_time(), rss=rss(), pause=pause)
             if on_collected is not None:
                 on_collected(reason, pause)
             if reason != "quiet":  # rare by design: say why the loop stalled
