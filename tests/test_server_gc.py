@@ -79,6 +79,23 @@ def test_a_large_resident_set_may_grow_by_half_before_growth_forces_a_full_colle
     assert governor.due(10.0, young=1, rss=600 * MiB) == "growth"
 
 
+def test_a_burst_of_connections_explains_its_memory_at_its_peak_and_after_its_connections_closed() -> None:
+    governor = _governor(busy_at=10.0)  # 100 MiB resident, no connection open
+    governor.observe(10.0, in_flight=1, last_request_at=-1.0)
+    assert governor.due(10.0, young=1, rss=164 * MiB, connections=1_024) is None  # 1,024 x 64 KiB
+    # They closed; malloc keeps their memory for the next ones: still explained.
+    assert governor.due(11.0, young=1, rss=164 * MiB, connections=0) is None
+    assert governor.due(12.0, young=1, rss=228 * MiB, connections=1_024) == "growth"  # 64 MiB unexplained
+
+
+def test_connections_explain_nothing_beyond_their_count_at_the_lowest_point() -> None:
+    governor = _governor(busy_at=10.0)
+    governor.observe(10.0, in_flight=1, last_request_at=-1.0)
+    assert governor.due(10.0, young=1, rss=164 * MiB, connections=1_024) is None
+    assert governor.due(11.0, young=1, rss=90 * MiB, connections=1_024) is None  # a heap trim: lower
+    assert governor.due(12.0, young=1, rss=154 * MiB, connections=1_024) == "growth"  # as many open as then
+
+
 def test_a_full_collection_restarts_every_bound_and_is_counted_with_its_pause() -> None:
     governor = _governor()
     governor.observe(300.0, in_flight=1, last_request_at=-1.0)

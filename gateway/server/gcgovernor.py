@@ -16,12 +16,15 @@ reach) and this governor makes them instead:
   CPython's own threshold was: a full collection is not worth making for less);
 - ``interval``: ``max_interval`` seconds since the last full collection, busy or not;
 - ``growth``: the resident set grew above its lowest point since the last full collection by
-  ``max_growth_bytes`` or by ``max_growth_ratio`` of that low point, whichever is more, busy or
-  not — so a real reference-cycle leak still cannot grow memory without bound. The resident set,
-  not what the open connections explain: memory a closed connection freed stays resident in
-  malloc and is reused by the next one, so under connection churn the resident set stays flat,
-  while connections open minus a cost each would rise with every one that closes (measured: a
-  full collection every 0.5 s at 80 % of capacity, each finding nothing).
+  ``max_growth_bytes`` or by ``max_growth_ratio`` of that low point, whichever is more, beyond
+  what the connections explain, busy or not — so a real reference-cycle leak still cannot grow
+  memory without bound, while a burst of connections (whose memory the connection bounds already
+  limit, ``limits.connection_bounds``) does not force a collection at its peak, when it would take
+  longest. The connections explain ``connection_cost`` (the bounds' 64 KiB) for each one by which
+  their *peak* since that low point exceeds their number then: memory a closed connection freed
+  stays resident in malloc for the next one, so counting the connections open *now* would call
+  every close growth (measured: a full collection every ~0.5 s at 80 % of capacity, each finding
+  nothing).
 
 The bounds apply only when something reached the oldest generation since the last full collection
 (a collection of the middle generation happened): otherwise a full one could free nothing new.
@@ -40,6 +43,8 @@ from typing import Final, Literal
 
 import structlog
 import trio
+
+from gateway.server.limits import CONNECTION_COST
 
 GcReason = Literal["quiet", "interval", "growth"]
 GC_REASONS: Final[tuple[GcReason, ...]] = ("quiet", "interval", "growth")
@@ -62,13 +67,16 @@ class GcPolicy:
     max_interval: float = 300.0
     max_growth_bytes: int = 64 << 20
     max_growth_ratio: float = 0.5
+    connection_cost: int = CONNECTION_COST  # bytes of the resident set one more connection explains
     poll_interval: float = 0.05
 
     def __post_init__(self) -> None:
         if min(self.quiet_seconds, self.max_interval, self.poll_interval) <= 0:
             raise ValueError("quiet_seconds, max_interval and poll_interval must be > 0")
-        if self.min_young_collections < 1 or self.max_growth_bytes < 1 or self.max_growth_ratio < 0:
-            raise ValueError("min_young_collections and max_growth_bytes must be >= 1, max_growth_ratio >= 0")
+        if self.min_young_collections < 1 or self.max_growth_bytes < 1:
+            raise ValueError("min_young_collections and max_growth_bytes must be >= 1")
+        if self.max_growth_ratio < 0 or self.connection_cost < 0:
+            raise ValueError("max_growth_ratio and connection_cost must be >= 0")
 
 
 @dataclass(eq=False, slots=True)
@@ -78,14 +86,18 @@ class GcGovernor:
     policy: GcPolicy
     last_full_at: float  # when the last full collection ended (or the governor started)
     lowest_rss: int  # the lowest resident set seen since then
+    connections_at_lowest: int = 0  # inbound connections open at that lowest point
+    peak_connections: int = 0  # the most open at once since that lowest point
     busy_at: float = -float("inf")  # the last time a request was seen in flight or read
     collections: dict[GcReason, int] = field(default_factory=lambda: dict.fromkeys(GC_REASONS, 0))
     pause_seconds: float = 0.0  # all full collections' pauses together
     longest_pause: float = 0.0
 
     @classmethod
-    def start(cls, policy: GcPolicy, now: float, rss: int) -> GcGovernor:
-        return cls(policy, last_full_at=now, lowest_rss=rss, busy_at=now)
+    def start(cls, policy: GcPolicy, now: float, rss: int, connections: int = 0) -> GcGovernor:
+        governor = cls(policy, last_full_at=now, lowest_rss=rss, busy_at=now)
+        governor.connections_at_lowest = governor.peak_connections = connections
+        return governor
 
     def observe(self, now: float, *, in_flight: int, last_request_at: float) -> None:
         """What the listener says now: requests in flight, when the last one was read."""
@@ -94,14 +106,20 @@ class GcGovernor:
         elif last_request_at > self.busy_at:
             self.busy_at = last_request_at
 
-    def due(self, now: float, *, young: int, rss: int) -> GcReason | None:
+    def due(self, now: float, *, young: int, rss: int, connections: int = 0) -> GcReason | None:
         """Why a full collection should run now, or None. ``young``: middle-generation collections
-        since the last full one (``gc.get_count()[2]``); ``rss``: the resident set in bytes."""
-        self.lowest_rss = min(self.lowest_rss, rss)
+        since the last full one (``gc.get_count()[2]``); ``rss``: the resident set in bytes;
+        ``connections``: inbound connections open now."""
+        if rss < self.lowest_rss:
+            self._lowest(rss, connections)
+        elif connections > self.peak_connections:
+            self.peak_connections = connections
         if young < 1:
             return None  # nothing reached the oldest generation: a full collection frees nothing new
         policy = self.policy
-        if rss - self.lowest_rss >= max(policy.max_growth_bytes, policy.max_growth_ratio * self.lowest_rss):
+        explained = policy.connection_cost * (self.peak_connections - self.connections_at_lowest)
+        bound = max(policy.max_growth_bytes, policy.max_growth_ratio * self.lowest_rss)
+        if rss - self.lowest_rss - explained >= bound:
             return "growth"
         if now - self.last_full_at >= policy.max_interval:
             return "interval"
@@ -109,26 +127,34 @@ class GcGovernor:
             return "quiet"
         return None
 
-    def collected(self, reason: GcReason, *, now: float, rss: int, pause: float) -> None:
+    def collected(
+        self, reason: GcReason, *, now: float, rss: int, pause: float, connections: int = 0
+    ) -> None:
         """A full collection ran for ``reason``, ended at ``now`` and took ``pause`` seconds."""
         self.collections[reason] += 1
         self.pause_seconds += pause
         self.longest_pause = max(self.longest_pause, pause)
         self.last_full_at = now
+        self._lowest(rss, connections)
+
+    def _lowest(self, rss: int, connections: int) -> None:
         self.lowest_rss = rss
+        self.connections_at_lowest = self.peak_connections = connections
 
 
 async def govern(
     governor: GcGovernor,
     requests: Callable[[], tuple[int, float]],
     rss: Callable[[], int],
+    connections: Callable[[], int],
     *,
     on_collected: Callable[[GcReason, float], object] | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Turn CPython's own full collections off and make them when ``governor`` says, until cancelled;
     then give the process its thresholds back. ``requests()``: (requests in flight, trio time the
-    last one was read). ``on_collected(reason, pause seconds)`` after each full collection (metrics)."""
+    last one was read); ``rss()``: the resident set; ``connections()``: inbound connections open;
+    ``on_collected(reason, pause seconds)``: after each full collection (metrics)."""
     previous = gc.get_threshold()
     gc.set_threshold(GEN0_THRESHOLD, GEN1_THRESHOLD, NEVER)
     task_status.started()
@@ -138,13 +164,15 @@ async def govern(
             now = trio.current_time()
             in_flight, last_request_at = requests()
             governor.observe(now, in_flight=in_flight, last_request_at=last_request_at)
-            reason = governor.due(now, young=gc.get_count()[2], rss=rss())
+            reason = governor.due(now, young=gc.get_count()[2], rss=rss(), connections=connections())
             if reason is None:
                 continue
             started = time.perf_counter()
             found = gc.collect(2)
             pause = time.perf_counter() - started
-            governor.collected(reason, now=trio.current_time(), rss=rss(), pause=pause)
+            governor.collected(
+                reason, now=trio.current_time(), rss=rss(), pause=pause, connections=connections()
+            )
             if on_collected is not None:
                 on_collected(reason, pause)
             if reason != "quiet":  # rare by design: say why the loop stalled

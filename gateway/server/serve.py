@@ -308,9 +308,12 @@ async def serve(
             await nursery.start(
                 partial(
                     govern,
-                    GcGovernor.start(gc_policy, trio.current_time(), resident_bytes()),
+                    GcGovernor.start(
+                        gc_policy, trio.current_time(), resident_bytes(), runtime.open_connections
+                    ),
                     lambda: (runtime.requests_in_flight, runtime.last_request_at),
                     resident_bytes,
+                    lambda: runtime.open_connections,
                     on_collected=observer.gc_collected,
                 )
             )
