@@ -15,6 +15,7 @@ per source and toolchain into ``~/.cache/webhook-gateway/`` (a second or two; ~2
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import os
@@ -22,9 +23,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 
 import msgspec
@@ -130,51 +130,95 @@ class GoCaller:
     async def open_loop(self, offsets: list[float], on_start: Callable[[], None] | None = None) -> GoResult:
         """Reviews at ``offsets`` seconds from the measured phase's start, after the warm-up;
         ``on_start`` is called as that phase starts."""
-        return await self._run(["-schedule", "{schedule}"], on_start, offsets)
+        async with self.session() as session:
+            return await session.open_loop(offsets, on_start)
 
     async def closed_loop(
         self, callers: int, seconds: float, on_start: Callable[[], None] | None = None
     ) -> GoResult:
         """``callers`` reviews in flight at all times, for ``seconds`` after the warm-up."""
-        return await self._run(["-closed", str(callers), "-seconds", repr(seconds)], on_start)
+        async with self.session() as session:
+            return await session.closed_loop(callers, seconds, on_start)
 
-    async def _run(
-        self, mode: list[str], on_start: Callable[[], None] | None, offsets: list[float] | None = None
-    ) -> GoResult:
+    @contextlib.asynccontextmanager
+    async def session(self) -> AsyncIterator[GoSession]:
+        """A Go caller whose connections are warm (its warm-up done) and which waits for one
+        measurement: between the two, the caller may take its own readings."""
         with tempfile.TemporaryDirectory(prefix="webhook-gateway-gocaller-") as tmp:
             work = Path(tmp)
             (work / "body.json").write_bytes(self.body)
-            if offsets is not None:
-                (work / "schedule").write_text("".join(f"{t!r}\n" for t in offsets))
             argv = [
                 str(self.binary),
                 *("-url", self.url, "-ca", str(self.ca_file), "-body", str(work / "body.json")),
                 *("-timeout", repr(self.timeout), "-warmup", repr(self.warmup)),
                 *("-out", str(work / "result.json")),
-                *(arg.format(schedule=work / "schedule") for arg in mode),
             ]
-            errors = bytearray()
-            async with trio.open_nursery() as nursery:
-                proc: trio.Process = await nursery.start(
-                    partial(
-                        trio.run_process, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=False
-                    )
+            proc = await trio.lowlevel.open_process(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
+            try:
+                async with trio.open_nursery() as nursery:
+                    session = GoSession(proc, work)
+                    nursery.start_soon(session.collect_stderr)
+                    await session.wait_for(b"warm")
+                    yield session
+                    assert proc.stdin is not None
+                    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                        await proc.stdin.aclose()
+                    with trio.move_on_after(10):
+                        await proc.wait()
+                    nursery.cancel_scope.cancel()
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+                    with trio.CancelScope(shield=True):
+                        await proc.wait()
+
+
+class GoSession:
+    """One warm Go caller process, waiting for its command (``GoCaller.session``)."""
+
+    def __init__(self, proc: trio.Process, work: Path) -> None:
+        self.proc = proc
+        self.work = work
+        self.stdout = bytearray()
+        self.stderr = bytearray()
+
+    async def collect_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        async for chunk in self.proc.stderr:
+            self.stderr.extend(chunk[: max(0, 64 * 1024 - len(self.stderr))])
+
+    async def wait_for(self, line: bytes) -> None:
+        assert self.proc.stdout is not None
+        while line + b"\n" not in self.stdout:
+            chunk = await self.proc.stdout.receive_some()
+            if not chunk:
+                await self.proc.wait()
+                raise GoCallerError(
+                    f"the Go caller exited with {self.proc.returncode} before {line.decode()!r}: "
+                    f"{self.stderr.decode(errors='replace').strip()}"
                 )
-                assert proc.stdout is not None
-                assert proc.stderr is not None
-                stderr = proc.stderr
+            self.stdout.extend(chunk)
 
-                async def collect() -> None:
-                    async for chunk in stderr:
-                        errors.extend(chunk[: max(0, 64 * 1024 - len(errors))])
+    async def open_loop(self, offsets: list[float], on_start: Callable[[], None] | None = None) -> GoResult:
+        schedule = self.work / "schedule"
+        schedule.write_text("".join(f"{t!r}\n" for t in offsets))
+        return await self._measure(f"schedule {schedule}", on_start)
 
-                nursery.start_soon(collect)
-                seen = bytearray()
-                async for chunk in proc.stdout:
-                    started = b"measuring" in seen
-                    seen.extend(chunk)
-                    if not started and b"measuring" in seen and on_start is not None:
-                        on_start()
-            if proc.returncode != 0:
-                raise GoCallerError(f"the Go caller exited with {proc.returncode}: {errors.decode().strip()}")
-            return msgspec.json.decode((work / "result.json").read_bytes(), type=GoResult)
+    async def closed_loop(
+        self, callers: int, seconds: float, on_start: Callable[[], None] | None = None
+    ) -> GoResult:
+        return await self._measure(f"closed {callers} {seconds!r}", on_start)
+
+    async def _measure(self, command: str, on_start: Callable[[], None] | None) -> GoResult:
+        assert self.proc.stdin is not None
+        await self.proc.stdin.send_all(command.encode() + b"\n")
+        await self.wait_for(b"measuring")
+        if on_start is not None:
+            on_start()
+        await self.proc.wait()
+        if self.proc.returncode != 0:
+            errors = self.stderr.decode(errors="replace").strip()
+            raise GoCallerError(f"the Go caller exited with {self.proc.returncode}: {errors}")
+        return msgspec.json.decode((self.work / "result.json").read_bytes(), type=GoResult)

@@ -524,32 +524,34 @@ async def _run_mode_go(
     target: Target, segments: list[Segment], offsets: list[float], args: argparse.Namespace
 ) -> ModeResult:
     """``run_mode`` with the Go caller: it warms its connections up for a second, then follows the
-    schedule; the gateway's RSS is sampled meanwhile."""
+    schedule; CPU is read as the schedule starts, and the gateway's RSS sampled meanwhile."""
     assert target.go is not None
     rss: list[tuple[float, float]] = []
     total = sum(s.seconds for s in segments)
-    cpu_before = processes.proc_cpu_seconds(target.pid)
-    others_before = processes.self_cpu_seconds() + processes.proc_cpu_seconds(target.fleet_pid)
-    origin = trio.current_time() + target.go.warmup  # the schedule starts after the warm-up
-    result: GoResult | None = None
-    async with trio.open_nursery() as nursery:
+    readings: dict[str, float] = {}
 
-        async def sample() -> None:
-            while True:
+    def start() -> None:
+        readings["origin"] = trio.current_time()
+        readings["cpu"] = processes.proc_cpu_seconds(target.pid)
+        readings["others"] = processes.self_cpu_seconds() + processes.proc_cpu_seconds(target.fleet_pid)
+
+    async def sample() -> None:
+        while True:
+            if "origin" in readings:
                 with contextlib.suppress(OSError):
-                    rss.append(
-                        (round(trio.current_time() - origin, 1), round(processes.proc_rss_mb(target.pid), 1))
-                    )
-                await trio.sleep(1.0)
+                    at = round(trio.current_time() - readings["origin"], 1)
+                    rss.append((at, round(processes.proc_rss_mb(target.pid), 1)))
+            await trio.sleep(1.0)
 
+    async with trio.open_nursery() as nursery, target.go.session() as session:
         nursery.start_soon(sample)
-        result = await target.go.open_loop(offsets)
+        result = await session.open_loop(offsets, start)
         nursery.cancel_scope.cancel()
-    cpu = processes.proc_cpu_seconds(target.pid) - cpu_before
+    cpu = processes.proc_cpu_seconds(target.pid) - readings["cpu"]
     others = (
         processes.self_cpu_seconds()
         + processes.proc_cpu_seconds(target.fleet_pid)
-        - others_before
+        - readings["others"]
         + result.cpu_s
     )
     answers = answers_of(result)
@@ -563,7 +565,7 @@ async def _run_mode_go(
         seg_results,
         recovery_seconds(rows, segments[2].start, normal),
         normal,
-        [(t, mb) for t, mb in rss if t >= 0],
+        rss,
         await _scrape_shed(target.endpoint),
         cpu,
         others,

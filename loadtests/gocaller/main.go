@@ -8,9 +8,11 @@
 // 10 s handshake timeout. Each review is cancelled at its deadline (the review's ?timeout=,
 // counted from its scheduled arrival), and Go closes a connection whose request it cancelled.
 //
-// Input: the request body with a placeholder UID, the schedule (arrival offsets in seconds, one
-// per line) or a closed loop (-closed N -seconds S). It prints "measuring" when its warm-up is
-// over and the measured phase starts; the result (-out) is one JSON document.
+// Protocol with loadtests/gocaller.py: it warms its connections up (-warmup seconds of closed
+// loop over 8 callers), prints "warm", and reads one command from stdin: "schedule FILE" (an open
+// loop at the arrival offsets in FILE, seconds, one per line) or "closed N SECONDS" (N callers in
+// a closed loop). It prints "measuring" as the measured phase starts and writes the result to
+// -out as one JSON document. End of input instead of a command: it exits without measuring.
 package main
 
 import (
@@ -249,16 +251,13 @@ func main() {
 	caPath := flag.String("ca", "", "PEM file of the CA that signed the webhook's certificate")
 	bodyPath := flag.String("body", "", "the AdmissionReview to send, with the UID "+placeholder)
 	timeout := flag.Float64("timeout", 2, "seconds from a review's scheduled arrival to its deadline")
-	schedule := flag.String("schedule", "", "file of arrival offsets in seconds, one per line (open loop)")
-	closed := flag.Int("closed", 0, "instead of -schedule: this many callers in a closed loop")
-	seconds := flag.Float64("seconds", 5, "-closed: how long")
 	warmup := flag.Float64("warmup", 1, "seconds of closed loop over 8 callers first, not recorded")
 	maxIdle := flag.Int("max-idle", 25, "idle connections kept per host (client-go: 25)")
 	http2 := flag.Bool("http2", false, "allow HTTP/2 (the apiserver does for https://localhost and 127.0.0.1 only)")
 	out := flag.String("out", "", "where to write the JSON result")
 	flag.Parse()
-	if *url == "" || *caPath == "" || *bodyPath == "" || *out == "" || (*schedule == "") == (*closed == 0) {
-		fmt.Fprintln(os.Stderr, "gocaller: -url, -ca, -body, -out and one of -schedule or -closed are required")
+	if *url == "" || *caPath == "" || *bodyPath == "" || *out == "" {
+		fmt.Fprintln(os.Stderr, "gocaller: -url, -ca, -body and -out are required")
 		os.Exit(2)
 	}
 	pem, err := os.ReadFile(*caPath)
@@ -293,19 +292,34 @@ func main() {
 		timeout: time.Duration(*timeout * float64(time.Second)),
 		res:     &result{Errors: map[string]int{}, Dials: []float64{}},
 	}
-	var offsets []float64
-	if *schedule != "" {
-		offsets, err = readSchedule(*schedule)
-		fail(err)
-	}
 	if *warmup > 0 {
 		closedLoop(c, 8, *warmup, false)
+	}
+	fmt.Println("warm")
+	command, err := bufio.NewReader(os.Stdin).ReadString('\n')
+	if err == io.EOF && command == "" {
+		return
+	}
+	fail(err)
+	var offsets []float64
+	closed, seconds := 0, 0.0
+	switch fields := strings.Fields(command); {
+	case len(fields) == 2 && fields[0] == "schedule":
+		offsets, err = readSchedule(fields[1])
+		fail(err)
+	case len(fields) == 3 && fields[0] == "closed":
+		closed, err = strconv.Atoi(fields[1])
+		fail(err)
+		seconds, err = strconv.ParseFloat(fields[2], 64)
+		fail(err)
+	default:
+		fail(fmt.Errorf("unknown command %q (want \"schedule FILE\" or \"closed N SECONDS\")", command))
 	}
 	u0, s0 := cpuSeconds()
 	c.origin = time.Now()
 	fmt.Println("measuring") // the Python side takes its own readings from here
-	if *closed > 0 {
-		closedLoop(c, *closed, *seconds, true)
+	if closed > 0 {
+		closedLoop(c, closed, seconds, true)
 	} else {
 		openLoop(c, offsets)
 	}
