@@ -107,6 +107,14 @@ def test_a_full_collection_restarts_every_bound_and_is_counted_with_its_pause() 
     assert (governor.pause_seconds, governor.longest_pause) == (0.25, 0.25)
 
 
+def test_a_connection_being_established_counts_as_busy() -> None:
+    governor = _governor(busy_at=0.0)
+    governor.observe(10.0, in_flight=0, last_request_at=-1.0, establishing=3)  # a dial storm
+    assert governor.due(10.0, young=100, rss=100 * MiB) is None
+    governor.observe(10.2, in_flight=0, last_request_at=-1.0, establishing=0)
+    assert governor.due(10.2, young=100, rss=100 * MiB) == "quiet"
+
+
 def test_a_request_read_between_two_polls_counts_as_busy_until_quiet_seconds_after_it() -> None:
     governor = _governor(busy_at=0.0)
     governor.observe(10.0, in_flight=0, last_request_at=9.97)  # read and answered between two polls

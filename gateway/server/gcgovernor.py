@@ -11,7 +11,9 @@ finds almost nothing.
 So once serving, CPython's own full collections are off (the oldest generation's threshold out of
 reach) and this governor makes them instead:
 
-- ``quiet``: no request in flight and none read for ``quiet_seconds``, and at least
+- ``quiet``: no request in flight, no connection being established (a TLS handshake under way:
+  under a dial storm the loop is busy with those while no request is in flight) and no request
+  read for ``quiet_seconds``, and at least
   ``min_young_collections`` collections of the middle generation since the last full one (what
   CPython's own threshold was: a full collection is not worth making for less);
 - ``interval``: ``max_interval`` seconds since the last full collection, busy or not;
@@ -99,9 +101,10 @@ class GcGovernor:
         governor.connections_at_lowest = governor.peak_connections = connections
         return governor
 
-    def observe(self, now: float, *, in_flight: int, last_request_at: float) -> None:
-        """What the listener says now: requests in flight, when the last one was read."""
-        if in_flight:
+    def observe(self, now: float, *, in_flight: int, last_request_at: float, establishing: int = 0) -> None:
+        """What the listener says now: requests in flight, when the last one was read, connections
+        being established."""
+        if in_flight or establishing:
             self.busy_at = now
         elif last_request_at > self.busy_at:
             self.busy_at = last_request_at
@@ -144,7 +147,7 @@ class GcGovernor:
 
 async def govern(
     governor: GcGovernor,
-    requests: Callable[[], tuple[int, float]],
+    requests: Callable[[], tuple[int, float, int]],
     rss: Callable[[], int],
     connections: Callable[[], int],
     *,
@@ -153,8 +156,9 @@ async def govern(
 ) -> None:
     """Turn CPython's own full collections off and make them when ``governor`` says, until cancelled;
     then give the process its thresholds back. ``requests()``: (requests in flight, trio time the
-    last one was read); ``rss()``: the resident set; ``connections()``: inbound connections open;
-    ``on_collected(reason, pause seconds)``: after each full collection (metrics)."""
+    last one was read, connections being established); ``rss()``: the resident set;
+    ``connections()``: inbound connections open; ``on_collected(reason, pause seconds)``: after each
+    full collection (metrics)."""
     previous = gc.get_threshold()
     gc.set_threshold(GEN0_THRESHOLD, GEN1_THRESHOLD, NEVER)
     task_status.started()
@@ -162,8 +166,10 @@ async def govern(
         while True:
             await trio.sleep(governor.policy.poll_interval)
             now = trio.current_time()
-            in_flight, last_request_at = requests()
-            governor.observe(now, in_flight=in_flight, last_request_at=last_request_at)
+            in_flight, last_request_at, establishing = requests()
+            governor.observe(
+                now, in_flight=in_flight, last_request_at=last_request_at, establishing=establishing
+            )
             reason = governor.due(now, young=gc.get_count()[2], rss=rss(), connections=connections())
             if reason is None:
                 continue

@@ -311,7 +311,7 @@ async def serve(
                     GcGovernor.start(
                         gc_policy, trio.current_time(), resident_bytes(), runtime.open_connections
                     ),
-                    lambda: (runtime.requests_in_flight, runtime.last_request_at),
+                    lambda: (runtime.requests_in_flight, runtime.last_request_at, len(runtime.pending)),
                     resident_bytes,
                     lambda: runtime.open_connections,
                     on_collected=observer.gc_collected,
