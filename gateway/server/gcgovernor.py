@@ -1,7 +1,7 @@
 """When the serving gateway makes its full garbage collections: when it is quiet, or at a bound.
 
 A full (generation-2) collection scans every object the cyclic collector tracks outside the frozen
-start-up set, and with thousands of connections open that is 200-420 ms of the event loop
+start-up set, and with 1,000-4,000 connections open that is 300-800 ms of the event loop
 (docs/performance.md, "Garbage collection"). CPython starts one by itself after every N collections
 of the middle generation, whatever the process is doing, and under load that is every few seconds:
 a stall that delays every review due meanwhile and makes the apiserver dial new connections.
@@ -12,10 +12,10 @@ So once serving, CPython's own full collections are off (the oldest generation's
 reach) and this governor makes them instead:
 
 - ``quiet``: no request in flight, no connection being established (a TLS handshake under way:
-  under a dial storm the loop is busy with those while no request is in flight) and no request
-  read for ``quiet_seconds``, and at least
-  ``min_young_collections`` collections of the middle generation since the last full one (what
-  CPython's own threshold was: a full collection is not worth making for less);
+  under a dial storm the loop is busy with those while no request is in flight), no request read
+  for ``quiet_seconds``, and at least ``min_young_collections`` collections of the middle
+  generation since the last full one (CPython's own threshold before: a full collection is not
+  worth making for less);
 - ``interval``: ``max_interval`` seconds since the last full collection, busy or not;
 - ``growth``: the resident set grew above its lowest point since the last full collection by
   ``max_growth_bytes`` or by ``max_growth_ratio`` of that low point, whichever is more, beyond
