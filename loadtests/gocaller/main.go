@@ -31,6 +31,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -255,6 +256,7 @@ func main() {
 	maxIdle := flag.Int("max-idle", 25, "idle connections kept per host (client-go: 25)")
 	http2 := flag.Bool("http2", false, "allow HTTP/2 (the apiserver does for https://localhost and 127.0.0.1 only)")
 	out := flag.String("out", "", "where to write the JSON result")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the measured phase here (go tool pprof)")
 	flag.Parse()
 	if *url == "" || *caPath == "" || *bodyPath == "" || *out == "" {
 		fmt.Fprintln(os.Stderr, "gocaller: -url, -ca, -body and -out are required")
@@ -318,6 +320,12 @@ func main() {
 	u0, s0 := cpuSeconds()
 	c.origin = time.Now()
 	fmt.Println("measuring") // the Python side takes its own readings from here
+	if *cpuProfile != "" {
+		pf, err := os.Create(*cpuProfile)
+		fail(err)
+		fail(pprof.StartCPUProfile(pf))
+		defer pprof.StopCPUProfile()
+	}
 	if closed > 0 {
 		closedLoop(c, closed, seconds, true)
 	} else {
