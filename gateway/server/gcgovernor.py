@@ -37,7 +37,9 @@ feeds it from the listener's counters and ``gc``, and hands the thresholds back 
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -148,17 +150,20 @@ class GcGovernor:
 async def govern(
     governor: GcGovernor,
     requests: Callable[[], tuple[int, float, int]],
-    rss: Callable[[], int],
     connections: Callable[[], int],
     *,
+    rss: Callable[[], int] | None = None,
     on_collected: Callable[[GcReason, float], object] | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Turn CPython's own full collections off and make them when ``governor`` says, until cancelled;
     then give the process its thresholds back. ``requests()``: (requests in flight, trio time the
-    last one was read, connections being established); ``rss()``: the resident set;
-    ``connections()``: inbound connections open; ``on_collected(reason, pause seconds)``: after each
-    full collection (metrics)."""
+    last one was read, connections being established); ``connections()``: inbound connections open;
+    ``rss()``: the resident set (default: read from ``/proc/self/statm`` through a descriptor opened
+    once, so that polling needs none while the process is out of them); ``on_collected(reason, pause
+    seconds)``: after each full collection (metrics)."""
+    statm = os.open("/proc/self/statm", os.O_RDONLY) if rss is None else -1
+    resident = rss if rss is not None else _statm_reader(statm)
     previous = gc.get_threshold()
     gc.set_threshold(GEN0_THRESHOLD, GEN1_THRESHOLD, NEVER)
     task_status.started()
@@ -170,14 +175,14 @@ async def govern(
             governor.observe(
                 now, in_flight=in_flight, last_request_at=last_request_at, establishing=establishing
             )
-            reason = governor.due(now, young=gc.get_count()[2], rss=rss(), connections=connections())
+            reason = governor.due(now, young=gc.get_count()[2], rss=resident(), connections=connections())
             if reason is None:
                 continue
             started = time.perf_counter()
             found = gc.collect(2)
             pause = time.perf_counter() - started
             governor.collected(
-                reason, now=trio.current_time(), rss=rss(), pause=pause, connections=connections()
+                reason, now=trio.current_time(), rss=resident(), pause=pause, connections=connections()
             )
             if on_collected is not None:
                 on_collected(reason, pause)
@@ -185,3 +190,19 @@ async def govern(
                 log.info("full garbage collection", reason=reason, ms=round(1e3 * pause, 1), found=found)
     finally:
         gc.set_threshold(*previous)
+        if statm >= 0:
+            os.close(statm)
+
+
+def _statm_reader(fd: int) -> Callable[[], int]:
+    """The resident set from ``/proc/self/statm`` open as ``fd`` (the file is generated anew at each
+    read from offset 0); when a read fails, the last reading stands."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    last = [0]
+
+    def resident() -> int:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            last[0] = int(os.pread(fd, 64, 0).split()[1]) * page
+        return last[0]
+
+    return resident

@@ -312,7 +312,6 @@ async def serve(
                         gc_policy, trio.current_time(), resident_bytes(), runtime.open_connections
                     ),
                     lambda: (runtime.requests_in_flight, runtime.last_request_at, len(runtime.pending)),
-                    resident_bytes,
                     lambda: runtime.open_connections,
                     on_collected=observer.gc_collected,
                 )
