@@ -451,6 +451,10 @@ class GoGenerator:
         )
         stats.opened_at = [rec.started + t for t in result.dials]
         self._stats = stats
+        if result.dial_errors:  # why, which the report's counts do not say
+            ranked = sorted(result.dial_errors.items(), key=lambda kv: -kv[1])
+            why = ", ".join(f"{n:,} × {msg}" for msg, n in ranked)
+            print(f"{label}: the Go caller's failed dials: {why}", file=sys.stderr, flush=True)
         self.other_cpu_s = result.cpu_s
         return rate
 
