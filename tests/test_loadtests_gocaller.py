@@ -103,7 +103,9 @@ async def test_a_closed_loop_keeps_its_callers_busy_for_its_seconds(
     result: GoResult = await caller(backend, "/allow").closed_loop(4, 0.5)
     assert result.reviews > 4
     assert set(result.code) == {ANSWERED}
-    assert result.stats["opened"] <= 4
+    # no churn: about one connection per caller (Go's late binding may finish a dial or two that a
+    # released connection made unnecessary; those join the idle pool)
+    assert result.stats["opened"] <= 8 < result.reviews
 
 
 @pytest.mark.parametrize(
