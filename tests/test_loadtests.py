@@ -593,6 +593,14 @@ async def test_direct_open_loop_with_injected_errors() -> None:
             ["passthrough", "--rate", "50%", "--poisson"],
             id="Poisson arrivals at half of the gateway's capacity, probed in the same run",
         ),
+        pytest.param(
+            ["passthrough", "--generator", "go"],
+            id="passthrough called by the apiserver's own Go client (--generator go)",
+        ),
+        pytest.param(
+            ["passthrough", "--rate", "50%", "--poisson", "--generator", "go"],
+            id="Poisson arrivals from the Go client at half of the capacity it probed",
+        ),
     ],
 )
 def test_quick_smoke_against_the_gateway(args: list[str], tmp_path: Path) -> None:

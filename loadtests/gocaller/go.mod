@@ -1,0 +1,3 @@
+module webhook-gateway/loadtests/gocaller
+
+go 1.19
