@@ -51,6 +51,7 @@ class GoResult(msgspec.Struct, frozen=True):
     errors: dict[str, int]
     dials: list[float]  # when each new connection's TLS handshake completed
     stats: dict[str, int]
+    dial_errors: dict[str, int]  # why dials failed: error message → count (20 messages at most)
     seconds: float
     reviews: int
     cpu_user_s: float

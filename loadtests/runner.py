@@ -328,15 +328,7 @@ class Generator:
             if rate is None and not segments:
                 await drive_closed_loop(workers, duration, requests, handle)
             else:
-                if segments:
-                    offsets = schedule_offsets(
-                        segments, poisson=self.opts.poisson, seed=self.opts.seed, limit=requests
-                    )
-                else:
-                    assert rate is not None
-                    offsets = arrival_offsets(
-                        rate, duration, poisson=self.opts.poisson, seed=self.opts.seed, limit=requests
-                    )
+                offsets = _arrivals(self.opts, rate, duration, requests, segments)
                 if self.opts.connection_policy == "fixed" or self.protocol == "h2":
                     await drive_open_loop(offsets, workers, handle)
                 else:
@@ -344,6 +336,16 @@ class Generator:
             rec.finished = trio.current_time()
             aside.cancel_scope.cancel()
         return rate
+
+
+def _arrivals(
+    opts: Options, rate: float | None, duration: float, requests: int | None, segments: list[Segment] | None
+) -> list[float]:
+    """The open loop's arrival times (seconds from its start): ``segments``' schedule, or ``rate``'s."""
+    if segments:
+        return schedule_offsets(segments, poisson=opts.poisson, seed=opts.seed, limit=requests)
+    assert rate is not None
+    return arrival_offsets(rate, duration, poisson=opts.poisson, seed=opts.seed, limit=requests)
 
 
 class GoGenerator:
@@ -420,15 +422,7 @@ class GoGenerator:
             if rate is None and not segments:
                 result = await session.closed_loop(self.opts.concurrency, duration, started)
             else:
-                if segments:
-                    offsets = schedule_offsets(
-                        segments, poisson=self.opts.poisson, seed=self.opts.seed, limit=requests
-                    )
-                else:
-                    assert rate is not None
-                    offsets = arrival_offsets(
-                        rate, duration, poisson=self.opts.poisson, seed=self.opts.seed, limit=requests
-                    )
+                offsets = _arrivals(self.opts, rate, duration, requests, segments)
                 result = await session.open_loop(offsets, started)
             aside.cancel_scope.cancel()
         rec.finished = rec.started + result.seconds
@@ -451,6 +445,10 @@ class GoGenerator:
         )
         stats.opened_at = [rec.started + t for t in result.dials]
         self._stats = stats
+        if result.dial_errors:  # why, which the report's counts do not say
+            ranked = sorted(result.dial_errors.items(), key=lambda kv: -kv[1])
+            why = ", ".join(f"{n:,} × {msg}" for msg, n in ranked)
+            print(f"{label}: the Go caller's failed dials: {why}", file=sys.stderr, flush=True)
         self.other_cpu_s = result.cpu_s
         return rate
 

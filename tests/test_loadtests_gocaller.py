@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import math
+import socket
 import ssl
+import struct
 import subprocess
 import sys
 from functools import partial
@@ -18,7 +20,7 @@ import trustme
 
 from gateway.devtools.backends import BackendServer, serve_backend
 from loadtests.fixtures import review_templates
-from loadtests.gocaller import ABANDONED, ANSWERED, PLACEHOLDER, GoCaller, GoResult
+from loadtests.gocaller import ABANDONED, ANSWERED, LOST, PLACEHOLDER, GoCaller, GoResult
 from loadtests.overload import answers_of
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -101,7 +103,9 @@ async def test_a_closed_loop_keeps_its_callers_busy_for_its_seconds(
     result: GoResult = await caller(backend, "/allow").closed_loop(4, 0.5)
     assert result.reviews > 4
     assert set(result.code) == {ANSWERED}
-    assert result.stats["opened"] <= 4
+    # no churn: about one connection per caller (Go's late binding may finish a dial or two that a
+    # released connection made unnecessary; those join the idle pool)
+    assert result.stats["opened"] <= 8 < result.reviews
 
 
 @pytest.mark.parametrize(
@@ -134,3 +138,31 @@ def test_overload_runs_with_the_go_caller(tmp_path: Path, extra: list[str]) -> N
     assert mode["connections"]["opened"] >= 1
     assert mode["rss_mb"], "RSS was sampled during the run"
     assert sum(s["offered_rps"] for s in mode["segments"]) > 0
+
+
+async def test_a_failed_dial_is_counted_by_its_reason_without_the_ports(
+    backend: tuple[BackendServer, Path], nursery: trio.Nursery
+) -> None:
+    """A server that resets every connection: each review's dial fails, and the reasons are grouped
+    (client ports would make every message distinct)."""
+
+    async def reset(stream: trio.SocketStream) -> None:
+        stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await stream.aclose()
+
+    listeners = await nursery.start(partial(trio.serve_tcp, reset, 0, host="127.0.0.1"))
+    port = listeners[0].socket.getsockname()[1]
+    dead = GoCaller(
+        f"https://127.0.0.1:{port}/allow",
+        backend[1],
+        review_templates(8, "v1")[0].body(PLACEHOLDER),
+        2.0,
+        warmup=0.0,
+    )
+    result = await dead.open_loop([0.02 * i for i in range(12)])
+    assert result.code == [LOST] * 12
+    assert result.errors == {"connection-lost": 12}
+    assert sum(result.dial_errors.values()) == result.stats["dial_errors"] >= 12
+    assert all("127.0.0.1:PORT" in msg for msg in result.dial_errors), result.dial_errors
+    # connect, write or read reset: a reason each, not one message per client port
+    assert len(result.dial_errors) <= 3, result.dial_errors

@@ -31,6 +31,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"os"
+	"regexp"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -59,20 +60,22 @@ const (
 )
 
 type result struct {
-	Due      []float64      `json:"due"`
-	Latency  []float64      `json:"latency"` // -1: no answer in time
-	Code     []int8         `json:"code"`
-	Lag      []float64      `json:"lag"`
-	Errors   map[string]int `json:"errors"`
-	Dials    []float64      `json:"dials"` // when each new connection's handshake completed
-	Stats    map[string]int `json:"stats"`
-	Seconds  float64        `json:"seconds"`
-	Reviews  int            `json:"reviews"`
-	CPUUser  float64        `json:"cpu_user_s"`
-	CPUSys   float64        `json:"cpu_sys_s"`
-	Warmed   int            `json:"warmed"`
-	HTTP2    bool           `json:"http2"`
-	Protocol string         `json:"protocol"`
+	Due     []float64      `json:"due"`
+	Latency []float64      `json:"latency"` // -1: no answer in time
+	Code    []int8         `json:"code"`
+	Lag     []float64      `json:"lag"`
+	Errors  map[string]int `json:"errors"`
+	Dials   []float64      `json:"dials"` // when each new connection's handshake completed
+	Stats   map[string]int `json:"stats"`
+	// Why dials failed, by error message (at most 20 distinct messages; the rest as "other").
+	DialErrors map[string]int `json:"dial_errors"`
+	Seconds    float64        `json:"seconds"`
+	Reviews    int            `json:"reviews"`
+	CPUUser    float64        `json:"cpu_user_s"`
+	CPUSys     float64        `json:"cpu_sys_s"`
+	Warmed     int            `json:"warmed"`
+	HTTP2      bool           `json:"http2"`
+	Protocol   string         `json:"protocol"`
 }
 
 type caller struct {
@@ -98,6 +101,20 @@ func (c *caller) body(uid string) []byte {
 	return append(b, c.suffix...)
 }
 
+var addrPort = regexp.MustCompile(`(\d+\.\d+\.\d+\.\d+|\[[0-9a-f:]+\]):\d+`)
+
+// dialFailed counts a failed TCP connect or TLS handshake, by its message.
+func (c *caller) dialFailed(err error) {
+	c.dialErrors.Add(1)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	msg := addrPort.ReplaceAllString(err.Error(), "$1:PORT")
+	if _, seen := c.res.DialErrors[msg]; !seen && len(c.res.DialErrors) >= 20 {
+		msg = "other"
+	}
+	c.res.DialErrors[msg]++
+}
+
 // call sends one review due at `due` and records what came back (record=false: warm-up).
 func (c *caller) call(due time.Time, record bool) {
 	n := c.counter.Add(1)
@@ -107,6 +124,11 @@ func (c *caller) call(due time.Time, record bool) {
 	defer cancel()
 	gotConn := false
 	trace := &httptrace.ClientTrace{
+		ConnectDone: func(_, _ string, err error) {
+			if record && err != nil {
+				c.dialFailed(err)
+			}
+		},
 		ConnectStart: func(string, string) {
 			if record {
 				c.dials.Add(1)
@@ -117,7 +139,7 @@ func (c *caller) call(due time.Time, record bool) {
 				return
 			}
 			if err != nil {
-				c.dialErrors.Add(1)
+				c.dialFailed(err)
 				return
 			}
 			c.opened.Add(1)
@@ -292,7 +314,7 @@ func main() {
 		prefix:  parts[0],
 		suffix:  parts[1],
 		timeout: time.Duration(*timeout * float64(time.Second)),
-		res:     &result{Errors: map[string]int{}, Dials: []float64{}},
+		res:     &result{Errors: map[string]int{}, Dials: []float64{}, DialErrors: map[string]int{}},
 	}
 	if *warmup > 0 {
 		closedLoop(c, 8, *warmup, false)
