@@ -41,16 +41,32 @@ class ChainObject:
     """The object as the chain has patched it so far (pure; one per review).
 
     The inbound object is decoded lazily, only when the first patch arrives; ``attrs`` always
-    carries the current object for matching and the next call.
+    carries the current object for matching and the next call. A patched object is encoded when
+    ``attrs`` is next read, not when the patch is applied: after the chain's last backend nothing
+    reads it, and that encode (~1 % of a chain of three) is never made.
     """
 
-    __slots__ = ("attrs", "doc", "inbound_doc", "patches")
+    __slots__ = ("_attrs", "_unencoded", "doc", "inbound_doc", "patches")
 
     def __init__(self, attrs: AdmissionAttributes) -> None:
-        self.attrs = attrs
+        self._attrs = attrs
+        self._unencoded = False  # ``doc`` changed since ``_attrs`` was made
         self.inbound_doc: Any = None
         self.doc: Any = None
         self.patches: list[bytes] = []
+
+    @property
+    def attrs(self) -> AdmissionAttributes:
+        """The request with the current object (encoded now if a patch changed it since)."""
+        if self._unencoded:
+            try:
+                encoded = _encode(self.doc)
+            except RecursionError:  # patched at the default limit, but encoded deeper in the stack
+                with nesting_allowed():
+                    encoded = _encode(self.doc)
+            self._attrs = self._attrs.with_object(msgspec.Raw(encoded))
+            self._unencoded = False
+        return self._attrs
 
     def apply(self, hook: Webhook, called: Called, at: Invocation) -> Outcome:
         """REV-11 / MUT-04..13: what a verified reply does to the chain (``invoke.Classify``).
@@ -84,19 +100,32 @@ class ChainObject:
         # 10,000 levels): patched like any other; deeper still is refused, never a crash.
         with nesting_allowed():
             try:
-                return self._apply(hook, ops, resp.patch, at, resp, commit=commit)
+                return self._apply(hook, ops, resp.patch, at, resp, commit=commit, encode_now=True)
             except RecursionError:
                 st = status.patch_failure_status(hook.name, "the object is nested too deeply to patch")
                 return PatchFailed(at, resp, st)
 
     def _apply(
-        self, hook: Webhook, ops: list[Any], raw: bytes, at: Invocation, resp: Any, *, commit: bool
+        self,
+        hook: Webhook,
+        ops: list[Any],
+        raw: bytes,
+        at: Invocation,
+        resp: Any,
+        *,
+        commit: bool,
+        encode_now: bool = False,
     ) -> Outcome:
-        """MUT-06..12: apply all-or-nothing to the current object; internal errors deny with 500."""
+        """MUT-06..12: apply all-or-nothing to the current object; internal errors deny with 500.
+
+        ``encode_now``: a deeply nested object (the retry under ``nesting_allowed``) is encoded here,
+        where a RecursionError still refuses the patch, instead of when ``attrs`` is next read.
+        """
         if self.doc is None:  # the first patch of the chain (later ones have the decoded object)
-            if is_null(self.attrs.object):  # MUT-06: DELETE carries no object to modify
+            inbound = self._attrs.object  # not patched yet: ``_attrs`` holds the inbound object
+            if is_null(inbound):  # MUT-06: DELETE carries no object to modify
                 return PatchFailed(at, resp, status.patch_on_delete_status(hook.name))
-            self.inbound_doc = decode_nested(_decoder, self.attrs.object)  # type: ignore[arg-type]
+            self.inbound_doc = decode_nested(_decoder, inbound)  # type: ignore[arg-type]
             self.doc = self.inbound_doc
         # Nothing below changes the chain until the very end, so a RecursionError can be retried.
         before = self.doc
@@ -120,8 +149,11 @@ class ChainObject:
         if not commit:
             return Allowed(at, resp, withheld=ops if changed else None)
         if changed:
-            attrs = self.attrs.with_object(msgspec.Raw(_encode(after)))
-            self.doc, self.attrs = after, attrs
+            if encode_now:
+                self._attrs = self._attrs.with_object(msgspec.Raw(_encode(after)))
+                self.doc, self._unencoded = after, False
+            else:
+                self.doc, self._unencoded = after, True
         self.patches.append(raw)
         return Allowed(at, resp, mutated=changed, patch=ops)
 

@@ -22,9 +22,11 @@ one place, for every caller:
 
 from __future__ import annotations
 
+from collections.abc import Coroutine
 from dataclasses import dataclass
+from typing import Any
 
-from gateway.config.model import ClientConfig, Snapshot, Webhook
+from gateway.config.model import ClientConfig, ServiceReference, Snapshot, Webhook
 from gateway.config.trust import CaReference
 from gateway.errors import (
     CallingWebhookError,
@@ -95,8 +97,10 @@ class BackendCaller:
 
     # --- the dispatch port ---
 
-    async def call(self, hook: Webhook, body: bytes, *, timeout_seconds: float) -> Reply:
-        return await self.post(hook.client_config, body, timeout_seconds=timeout_seconds)
+    def call(self, hook: Webhook, body: bytes, *, timeout_seconds: float) -> Coroutine[Any, Any, Reply]:
+        """``post`` to ``hook``'s backend; awaited like ``post`` (a plain function returning its
+        coroutine: one coroutine layer fewer on every backend call)."""
+        return self.post(hook.client_config, body, timeout_seconds=timeout_seconds)
 
     def url(self, hook: Webhook, *, timeout_seconds: float) -> str:
         return self.url_for(hook.client_config, timeout_seconds=timeout_seconds)
@@ -114,15 +118,27 @@ class BackendCaller:
             return f"{target.scheme}://{target.authority}{target.path}"
         return target.url_for(timeout_seconds)
 
-    async def post(self, client_config: ClientConfig, body: bytes, *, timeout_seconds: float) -> Reply:
-        """POST ``body`` to the backend of ``client_config`` within ``timeout_seconds``.
+    def post(
+        self, client_config: ClientConfig, body: bytes, *, timeout_seconds: float
+    ) -> Coroutine[Any, Any, Reply]:
+        """POST ``body`` to the backend of ``client_config`` within ``timeout_seconds``: ``await`` it.
 
-        Raises ``CallingWebhookError`` (with ``url`` and ``cause``) when no reply was read.
+        Raises ``CallingWebhookError`` (with ``url`` and ``cause``) when no reply was read; an
+        unusable client configuration (TRN-07) already when called. A plain function returning the
+        call's coroutine (speed: one coroutine layer fewer, which every wake-up of the call also
+        walks through).
         """
         target = self._target(client_config)
         service = client_config.service
         if self.endpoints is None or service is None:
-            return await self._post(target, body, timeout_seconds)
+            return self._post(target, body, timeout_seconds)
+        return self._post_routed(target, service, body, timeout_seconds)
+
+    async def _post_routed(
+        self, target: Target, service: ServiceReference, body: bytes, timeout_seconds: float
+    ) -> Reply:
+        """A ``clientConfig.service`` backend, balanced over its EndpointSlices when they are known."""
+        assert self.endpoints is not None
         key = (service.namespace, service.name, service.port)
         lease = self.endpoints.route(key, target)
         if lease is None:

@@ -253,6 +253,8 @@ class ClientConnection:
         # a backend's replies repeat the same block (indexed fields) until an entry is added.
         self._decoded: dict[bytes, list[tuple[bytes, bytes]]] = {}
         self._decoded_at = 0  # the table's generation the blocks above were decoded against
+        # ``_response_fields`` of those same field lists (by identity, the list kept alive beside it).
+        self._responses: dict[int, tuple[int, list[tuple[bytes, bytes]], int, list[tuple[bytes, bytes]]]] = {}
         self._max_header_block = 4 * max_header_list_size  # Huffman may make a block ~4x larger
         self._stream_window = stream_window
         self._stream_ack_at = stream_window // 2
@@ -610,6 +612,7 @@ class ClientConnection:
                 return fields
         else:
             self._decoded.clear()
+            self._responses.clear()
             self._decoded_at = generation
         try:
             fields = cast("list[tuple[bytes, bytes]]", self._decoder.decode(block, raw=True))
@@ -646,7 +649,14 @@ class ClientConnection:
             _check_trailers(fields, end_stream)  # accepted, and dropped: webhooks do not use them
             self._remote_end(stream)
             return
-        status, headers, content_length = _response_fields(fields)
+        # Speed: a repeated block decodes to the same list (``_decode``), which checks the same way.
+        known = self._responses.get(id(fields))
+        if known is not None and known[3] is fields:
+            status, headers, content_length = known[0], known[1], known[2]
+        else:
+            status, headers, content_length = _response_fields(fields)
+            if len(self._responses) < _DECODED_BLOCKS:
+                self._responses[id(fields)] = (status, headers, content_length, fields)
         if status < 200:
             if status == 101 or end_stream:
                 raise _StreamError(ErrorCode.PROTOCOL_ERROR, "invalid informational response")
