@@ -25,12 +25,9 @@ def now() -> float:
     return time.monotonic()
 
 
-def env(path: Path, threshold: str | None = None) -> dict[str, str]:
+def env(path: Path) -> dict[str, str]:
     """What a gateway's environment needs for its collections to be recorded into ``path``."""
-    out = {"LOADTEST_GC_STATS": str(path)}
-    if threshold:
-        out["LOADTEST_GC_THRESHOLD"] = threshold
-    return out
+    return {"LOADTEST_GC_STATS": str(path)}
 
 
 def read(path: Path) -> list[tuple[float, float, float, int]]:

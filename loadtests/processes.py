@@ -242,8 +242,7 @@ def _gateway_env(tree: Path | None, env: dict[str, str] | None, gc_stats: Path |
     env = dict(env or {})
     if gc_stats is not None:
         env.update(gcstats.env(gc_stats))
-    hooked = gc_stats is not None or "LOADTEST_GC_THRESHOLD" in env
-    return _env(tree, env, first=gcstats.HOOK_DIR if hooked else None)
+    return _env(tree, env, first=gcstats.HOOK_DIR if gc_stats is not None else None)
 
 
 async def scrape_metrics(endpoint: Endpoint) -> str:

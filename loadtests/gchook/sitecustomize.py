@@ -5,7 +5,6 @@ and appends them to the file named by ``LOADTEST_GC_STATS``, one
 pause on the wall clock, and the CPU the collecting thread used meanwhile (a pause is longer than
 its CPU when the process waited for a CPU during it, as on a busy shared machine). A daemon thread
 flushes the records every 0.2 s, so the gateway never writes the file on its event loop's thread.
-``LOADTEST_GC_THRESHOLD=a,b,c`` sets ``gc.set_threshold`` at start-up (an A/B knob).
 """
 
 from __future__ import annotations
@@ -17,10 +16,6 @@ import threading
 import time
 
 _path = os.environ.get("LOADTEST_GC_STATS")
-_threshold = os.environ.get("LOADTEST_GC_THRESHOLD")
-if _threshold:
-    gc.set_threshold(*(int(v) for v in _threshold.split(",")))
-
 if _path:
     _records: list[bytes] = []
     _started = [0.0, 0.0]
