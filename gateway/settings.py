@@ -44,7 +44,7 @@ class ServeSettings:
     max_inbound_connections: int = 0  # 0: derived from the memory limit and the file-descriptor limit
     max_pending_connections: int = 0  # not established yet; 0: derived
     handshake_timeout: float = 5.0
-    handshake_burst: int = 8  # TLS handshakes between two idle moments of the event loop; 0: no gate
+    handshake_burst: int = 1  # TLS handshakes between two idle moments of the event loop; 0: no gate
     memory_limit: int | None = None  # bytes; None: the cgroup's (docs/inbound.md, "Memory")
     fd_reserve: int = 512
     h2_control_frame_burst: int = 1000
