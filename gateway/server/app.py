@@ -133,6 +133,23 @@ class Readiness:
         return False
 
 
+def _encode_verdict(inbound: InboundReview, verdict: Verdict, endpoint: str) -> bytes:
+    """The AdmissionReview reply for ``verdict``, on both paths (answered at once and ASGI)."""
+    try:
+        return encode_reply(
+            inbound,
+            allowed=verdict.allowed,
+            status=verdict.status,
+            patch=verdict.patch,
+            warnings=verdict.warnings,
+            audit_annotations=verdict.audit_annotations,
+        )
+    except Exception as exc:  # ERR-08: a gateway bug is a deny, never a crash or an HTTP error
+        log.exception("encoding the reply failed", uid=inbound.uid, endpoint=endpoint)
+        status = statuses.internal_error_status("encoding the reply", str(exc) or type(exc).__name__)
+        return encode_reply(inbound, allowed=False, status=status)
+
+
 class GatewayApp:
     """The ASGI callable hypercorn serves."""
 
@@ -225,14 +242,7 @@ class GatewayApp:
         if verdict is None:
             return None
         overload.count_shed(reason)
-        reply = encode_reply(
-            inbound,
-            allowed=verdict.allowed,
-            status=verdict.status,
-            patch=verdict.patch,
-            warnings=verdict.warnings,
-            audit_annotations=verdict.audit_annotations,
-        )
+        reply = _encode_verdict(inbound, verdict, endpoint)
         observer = self.observer
         observer.review_started(endpoint)
         # The review line of one shed review per endpoint and second; the others are counted only
@@ -339,19 +349,7 @@ class GatewayApp:
             if verdict is None:  # the caller went away; nobody is listening
                 code, error = 499, "caller disconnected"
                 return
-            try:
-                reply = encode_reply(
-                    inbound,
-                    allowed=verdict.allowed,
-                    status=verdict.status,
-                    patch=verdict.patch,
-                    warnings=verdict.warnings,
-                    audit_annotations=verdict.audit_annotations,
-                )
-            except Exception as exc:  # ERR-08: a gateway bug is a deny, never a crash or an HTTP error
-                log.exception("encoding the reply failed", uid=inbound.uid, endpoint=endpoint)
-                status = statuses.internal_error_status("encoding the reply", str(exc) or type(exc).__name__)
-                reply = encode_reply(inbound, allowed=False, status=status)
+            reply = _encode_verdict(inbound, verdict, endpoint)
             code = 200
             await _respond(send, 200, reply, _JSON)
         finally:
