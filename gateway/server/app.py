@@ -177,6 +177,7 @@ class GatewayApp:
         self._endpoints.update(dict.fromkeys(self._halves, "validating"))
         self.in_flight = 0  # reviews being handled right now (graceful shutdown waits for zero)
         self._shed_line_at: dict[str, int] = {}  # endpoint -> the second of its last shed review line
+        self.answered_at_once = 0  # shed reviews answered where they were read (no task, no ASGI request)
         self._idle = trio.Event()
         self._idle.set()
 
@@ -242,6 +243,7 @@ class GatewayApp:
         if verdict is None:
             return None
         overload.count_shed(reason)
+        self.answered_at_once += 1
         reply = _encode_verdict(inbound, verdict, endpoint)
         observer = self.observer
         observer.review_started(endpoint)
