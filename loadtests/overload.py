@@ -576,11 +576,6 @@ async def _run_mode_go(
     )
 
 
-def _pin(pid: int, cpus: set[int]) -> None:
-    with contextlib.suppress(OSError):
-        os.sched_setaffinity(pid, cpus)
-
-
 def table(capacity: float, args: argparse.Namespace, results: list[ModeResult]) -> str:
     lines = [
         f"capacity (no shedding, best closed loop): {capacity:,.0f} reviews/s; "
@@ -649,8 +644,8 @@ async def run(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[flo
         }
         write_configs(scenario, urls, certs.ca_pem, tmp / "config")
         if pin:
-            _pin(os.getpid(), other_cpus)
-            _pin(fleet.pid, other_cpus)
+            processes.pin(os.getpid(), other_cpus)
+            processes.pin(fleet.pid, other_cpus)
 
         async def start(mode: str) -> tuple[Endpoint, int]:
             port = processes.free_port()
@@ -661,7 +656,7 @@ async def run(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[flo
                 )
             )
             if pin:
-                _pin(proc.pid, gateway_cpus)
+                processes.pin(proc.pid, gateway_cpus)
             endpoint = Endpoint("127.0.0.1", port, ctx, f"127.0.0.1:{port}")
             await processes.wait_ready(endpoint, proc)
             return endpoint, proc.pid

@@ -92,6 +92,54 @@ def self_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def placement(pin: bool) -> tuple[set[int], set[int]] | None:
+    """``--pin``: (the measured server's CPUs, everyone else's): the last CPU this process may use,
+    and the others. None without ``pin``; a ValueError with fewer than 2 CPUs to split."""
+    if not pin:
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise ValueError(f"--pin needs 2 CPUs or more to split (this process may use {len(cpus)})")
+    return {cpus[-1]}, set(cpus[:-1])
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Pin every thread ``pid`` has now to ``cpus`` (the threads it makes later inherit their
+    creator's CPUs). A process that exits meanwhile is left alone."""
+    try:
+        tasks = [int(task.name) for task in Path(f"/proc/{pid}/task").iterdir()]
+    except OSError:
+        return
+    for tid in tasks:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(tid, cpus)
+
+
+_EXEC_PINNED = (
+    "import os, sys; os.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(',')}); "
+    "os.execvp(sys.argv[2], sys.argv[2:])"
+)
+
+
+def pinned(argv: list[str], cpus: set[int] | None) -> list[str]:
+    """``argv`` started on ``cpus`` from its first instruction (None: as it is): the process (same
+    pid: it execs) and every thread or child it makes run there, with no window in which a thread
+    started before it was pinned (a Go program starts its runtime's threads before ``main``)."""
+    if cpus is None:
+        return argv
+    return [sys.executable, "-S", "-c", _EXEC_PINNED, ",".join(map(str, sorted(cpus))), *argv]
+
+
+def cpus_of(pid: int) -> set[int]:
+    """The CPUs any thread of ``pid`` may run on (the union over its threads; empty if it exited)."""
+    found: set[int] = set()
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                found |= os.sched_getaffinity(int(task.name))
+    return found
+
+
 _PORTS_GIVEN: set[int] = set()
 _PORT_FLOOR = 20000
 
@@ -179,8 +227,11 @@ def _env(
     return {**os.environ, **(extra or {}), "PYTHONPATH": top + (os.pathsep + path if path else "")}
 
 
-def spawn_fleet(count: int, certs: Certs | None, *, http1_only: bool = False) -> subprocess.Popen[bytes]:
-    """Start ``count`` backend listeners in one separate process (``http1_only``: ALPN http/1.1 only).
+def spawn_fleet(
+    count: int, certs: Certs | None, *, http1_only: bool = False, cpus: set[int] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``count`` backend listeners in one separate process (``http1_only``: ALPN http/1.1 only;
+    ``cpus``: on these CPUs only).
 
     Their HTTP/2 is lenient (no header checks in h2): the fleet stands in for compiled backends and
     shares this machine's cores with the gateway it measures, so what it spends is taken from the
@@ -191,7 +242,7 @@ def spawn_fleet(count: int, certs: Certs | None, *, http1_only: bool = False) ->
         cmd.append("--http1-only")
     if certs is not None:
         cmd += ["--certfile", str(certs.certfile), "--keyfile", str(certs.keyfile)]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, env=_env())  # noqa: S603  # our interpreter, list argv
+    return subprocess.Popen(pinned(cmd, cpus), stdout=subprocess.PIPE, env=_env())  # noqa: S603  # list argv
 
 
 async def fleet_ports(proc: subprocess.Popen[bytes], timeout: float = 30) -> list[int]:
@@ -215,13 +266,14 @@ def spawn_gateway(
     tree: Path | None = None,
     env: dict[str, str] | None = None,
     gc_stats: Path | None = None,
+    cpus: set[int] | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start ``python -m gateway --config DIR --bind 127.0.0.1:PORT [--certfile --keyfile]``.
 
     ``tree``: the gateway of that source checkout instead of this one (``--baseline-tree``): it is
     the child's working directory, which ``python -m`` puts first on the import path. ``env``: more
     environment variables. ``gc_stats``: record its garbage collections into this file
-    (``loadtests.gcstats``).
+    (``loadtests.gcstats``). ``cpus``: on these CPUs only.
     """
     cmd = [sys.executable, "-m", "gateway", "--config", str(config_dir), "--bind", f"127.0.0.1:{port}"]
     if certs is not None:
@@ -232,7 +284,11 @@ def spawn_gateway(
     cmd += extra
     with log.open("wb") as out:
         return subprocess.Popen(  # noqa: S603  # our interpreter, list argv
-            cmd, stdout=out, stderr=subprocess.STDOUT, env=_gateway_env(tree, env, gc_stats), cwd=tree
+            pinned(cmd, cpus),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=_gateway_env(tree, env, gc_stats),
+            cwd=tree,
         )
 
 
@@ -370,10 +426,11 @@ http {{
     return conf
 
 
-def spawn_nginx(exe: str, conf: Path) -> subprocess.Popen[bytes]:
-    """Start nginx in the foreground as one process (its CPU is read like the gateway's)."""
+def spawn_nginx(exe: str, conf: Path, cpus: set[int] | None = None) -> subprocess.Popen[bytes]:
+    """Start nginx in the foreground as one process (its CPU is read like the gateway's; ``cpus``: on
+    these CPUs only)."""
     cmd = [exe, "-p", str(conf.parent), "-c", str(conf), "-e", str(conf.parent / "error.log")]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)  # noqa: S603  # list argv
+    return subprocess.Popen(pinned(cmd, cpus), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)  # noqa: S603  # list argv
 
 
 async def wait_answering(endpoint: Endpoint, proc: subprocess.Popen[bytes], timeout: float = 15) -> None:

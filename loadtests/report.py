@@ -92,11 +92,14 @@ def describe(result: RunResult) -> str:
         else f"scenario {result.scenario.name}: {result.scenario.description}"
     )
     cpus, usable = os.cpu_count(), len(os.sched_getaffinity(0))
+    backend = "Go backend (loadtests/gobackend)" if o.backend == "go" else "backend fleet"
     where = (
         f"the generator ran on this machine ({cpus} CPUs, {usable} usable), the gateway at the target"
         if o.target
-        else f"generator, backend fleet and gateway all ran on this machine ({cpus} CPUs, {usable} usable)"
+        else f"generator, {backend} and gateway all ran on this machine ({cpus} CPUs, {usable} usable)"
     )
+    if o.pin:
+        where += "\n" + _pinned(result.placement)
     text = (
         f"{what}\n{proto}; {shape}; {bound}; {size}; medians of {o.repeat} run(s)\n"
         f"{_connections(result)}\n{where}"
@@ -105,6 +108,17 @@ def describe(result: RunResult) -> str:
         revision = result.baseline_revision or "?"
         text += f"\nbaseline: the gateway of {o.baseline_tree} ({revision}), run beside it"
     return text
+
+
+def _pinned(placement: dict[str, list[int]]) -> str:
+    """``--pin``: which processes were allowed which CPUs, as read from them during the phases."""
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for role, cpus in placement.items():
+        groups.setdefault(tuple(cpus), []).append(role)
+    where = "; ".join(
+        f"{', '.join(roles)} on CPU {','.join(map(str, cpus))}" for cpus, roles in sorted(groups.items())
+    )
+    return f"pinned (--pin; the CPUs each process's threads were allowed in the measured phases): {where}"
 
 
 _COLUMNS = (
@@ -376,6 +390,7 @@ def to_json(result: RunResult) -> dict[str, Any]:
         ],
         "capacities": result.capacities,
         "baseline_revision": result.baseline_revision,
+        "placement": result.placement,
         "reloads": asdict(result.reloads) if result.reloads is not None else None,
         "rss": {
             "every_s": result.rss.every,

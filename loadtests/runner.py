@@ -21,7 +21,7 @@ from typing import Any, Final
 
 import trio
 
-from loadtests import gcstats, processes, soak
+from loadtests import gcstats, gobackend, processes, soak
 from loadtests.client import ConnectionLostError, Endpoint, H2Connection, client_context
 from loadtests.drive import (
     Segment,
@@ -116,6 +116,9 @@ class Options:
     baseline_env: dict[str, str] | None = None  # ... of the baseline gateway (default: gateway_env)
     rss_every: float | None = None  # soak: sample the gateway's VmRSS this often in its phases
     generator: str = "python"  # "go": the kube-apiserver's own client (loadtests.gocaller) drives the load
+    backend: str = "python"  # "go": the compiled backend (loadtests.gobackend) instead of the Python fleet
+    # The measured server (gateway, baseline, nginx) on the last CPU, everything else on the others.
+    pin: bool = False
 
 
 Step = tuple[bytes, ReviewTemplate, Expectation | None]
@@ -355,7 +358,9 @@ class GoGenerator:
     checks each answer's status, uid and ``allowed``: scenarios whose reviews are one call answered
     "allowed" with no patch to check (passthrough, fanout5, none, …)."""
 
-    def __init__(self, workload: Workload, opts: Options, ca_file: Path) -> None:
+    def __init__(
+        self, workload: Workload, opts: Options, ca_file: Path, cpus: set[int] | None = None
+    ) -> None:
         cls, steps = next(m for m in workload.mixes if m[0] == "fast")
         expect = steps[0][2]
         if len(steps) != 1 or (expect is not None and (not expect.allowed or expect.labels)):
@@ -373,7 +378,9 @@ class GoGenerator:
             template.body(PLACEHOLDER),
             opts.timeout,
             warmup=opts.warmup,
+            cpus=cpus,
         )
+        self.cpus_seen: set[int] = set()  # the CPUs the Go caller's threads were allowed, as it measured
         self._stats: ConnectionStats | None = None
         self.other_cpu_s = 0.0  # the Go process's CPU in its last measured phase
         self._stack = contextlib.AsyncExitStack()
@@ -409,14 +416,16 @@ class GoGenerator:
     ) -> float | None:
         """As ``Generator.run``; ``lag`` stays empty (the Go caller reports its own start lag)."""
 
-        def started() -> None:
-            on_started()
-            rec.started = trio.current_time()
-
         if self._session is None:  # no warm-up asked for
             self.caller.warmup = 0.0
             self._session = await self._stack.enter_async_context(self.caller.session())
         session, self._session = self._session, None
+
+        def started() -> None:
+            on_started()
+            rec.started = trio.current_time()
+            self.cpus_seen = processes.cpus_of(session.proc.pid)
+
         async with trio.open_nursery() as aside:
             aside.start_soon(progress.run, label, rec, duration, requests)
             if rate is None and not segments:
@@ -454,15 +463,16 @@ class GoGenerator:
 
 
 def make_generator(
-    workload: Workload, opts: Options, ssl_ctx: Any, ca_file: Path | None
+    workload: Workload, opts: Options, ssl_ctx: Any, ca_file: Path | None, cpus: set[int] | None = None
 ) -> Generator | GoGenerator:
-    """The generator ``opts.generator`` names for ``workload``."""
+    """The generator ``opts.generator`` names for ``workload`` (``cpus``: the Go caller's, with --pin;
+    the Python generator is this process, pinned by ``run``)."""
     if opts.generator == "go":
         if ca_file is None or opts.protocol != "http1":
             raise RuntimeError(
                 "--generator go calls over HTTP/1.1 + TLS (not --no-tls, --target or --protocol h2)"
             )
-        return GoGenerator(workload, opts, ca_file)
+        return GoGenerator(workload, opts, ca_file, cpus)
     return Generator(workload, opts, opts.protocol, ssl_ctx)
 
 
@@ -603,6 +613,12 @@ class RunResult:
     reloads: soak.Reloads | None = None  # --reload-every: rewrites asked for, applied, refused
     rss: soak.RssSeries | None = None  # --rss-every: the gateway's resident set over the run
     baseline_revision: str | None = None  # --baseline-tree: that checkout's ``git describe``
+    # The CPUs each part's processes (all their threads) were allowed, read during the measured
+    # phases: generator, go caller, backend, gateway, baseline, nginx (what --pin did, as it was).
+    placement: dict[str, list[int]] = field(default_factory=dict)
+
+    def seen_on(self, role: str, cpus: set[int]) -> None:
+        self.placement[role] = sorted(set(self.placement.get(role, ())) | cpus)
 
 
 async def _scrape(probe: Endpoint | None) -> str | None:
@@ -645,6 +661,7 @@ async def _start_nginx(
     backend: Endpoint,
     *,
     say: Callable[[str], None],
+    cpus: set[int] | None = None,
 ) -> Endpoint:
     """nginx as a plain proxy hop in front of the direct baseline's backend: the floor of a proxy."""
     exe = processes.nginx()
@@ -652,7 +669,7 @@ async def _start_nginx(
     port = processes.free_port()
     conf = processes.write_nginx_conf(tmp / "nginx", port, (backend.host, backend.port), certs)
     say(f"starting nginx on 127.0.0.1:{port} in front of {backend.host}:{backend.port} …")
-    proc = stack.enter_context(processes.managed(processes.spawn_nginx(exe, conf)))
+    proc = stack.enter_context(processes.managed(processes.spawn_nginx(exe, conf, cpus)))
     endpoint = Endpoint("127.0.0.1", port, ctx if certs else None, f"127.0.0.1:{port}")
     probe_ctx = client_context(certs.ca_pem, "http1", False) if certs else None
     probe = Endpoint("127.0.0.1", port, probe_ctx, f"127.0.0.1:{port}")
@@ -697,6 +714,24 @@ class _Profiling:
             raise RuntimeError(f"py-spy failed ({proc.returncode}): {output[-500:]}")
 
 
+def go_backend_refusal(scenario: Scenario, opts: Options) -> str | None:
+    """Why ``--backend go`` cannot serve this run (one line), or None: it is an HTTPS backend this
+    run starts that answers ``POST /allow`` only."""
+    if opts.target:
+        return "--backend go is a backend this run starts (not --target)"
+    if not opts.tls:
+        return "--backend go serves HTTPS only (not --no-tls)"
+    paths = {backend_path(b, opts.latency, opts.error_rate) for b in scenario.backends if not b.dead}
+    other = sorted(paths - {gobackend.PATH})
+    if other:
+        return (
+            f"--backend go answers POST {gobackend.PATH} only, and scenario {scenario.name} calls "
+            f"{', '.join(other)}: use passthrough, fanout5, fanout20 or none, "
+            "without --latency or --error-rate"
+        )
+    return None
+
+
 @contextlib.contextmanager
 def _tempdir() -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="webhook-gateway-loadtest-") as d:
@@ -707,7 +742,19 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
     """Start what the scenario needs, then measure direct and gateway phases for every load point."""
     result = RunResult(scenario, opts)
     progress = Progress(opts.progress)
+    refused = go_backend_refusal(scenario, opts) if opts.backend == "go" else None
+    if refused:
+        raise RuntimeError(refused)
+    try:
+        split = processes.placement(opts.pin)
+    except ValueError as exc:
+        raise RuntimeError(str(exc)) from None
+    server_cpus, other_cpus = split or (None, None)
     with contextlib.ExitStack() as stack:
+        if other_cpus is not None:
+            # This process (the runner, the Python generator) with everything but the measured server.
+            stack.callback(processes.pin, os.getpid(), os.sched_getaffinity(0))
+            processes.pin(os.getpid(), other_cpus)
         tmp = stack.enter_context(_tempdir())
         certs = processes.Certs.create(tmp, opts.key_type) if opts.tls and not opts.target else None
         ca_pem = opts.target_ca if opts.target else (certs.ca_pem if certs else None)
@@ -739,12 +786,17 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
             known = False
         else:
             live = [b for b in scenario.backends if not b.dead]
-            say(f"starting {len(live)} backend(s) in a separate process …")
-            fleet = stack.enter_context(
-                processes.managed(
-                    processes.spawn_fleet(len(live) or 1, certs, http1_only=opts.backend_protocol == "http1")
+            http1_only = opts.backend_protocol == "http1"
+            if opts.backend == "go":
+                assert certs is not None  # go_backend_refusal: TLS only
+                say(f"starting {len(live)} Go backend(s) in a separate process …")
+                backends = gobackend.spawn(len(live) or 1, certs, http1_only=http1_only, cpus=other_cpus)
+            else:
+                say(f"starting {len(live)} backend(s) in a separate process …")
+                backends = processes.spawn_fleet(
+                    len(live) or 1, certs, http1_only=http1_only, cpus=other_cpus
                 )
-            )
+            fleet = stack.enter_context(processes.managed(backends))
             ports = await processes.fleet_ports(fleet)
             scheme = "https" if certs else "http"
             urls: dict[str, str] = {}
@@ -770,6 +822,7 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
                     tree=None,
                     env=opts.gateway_env,
                     gc_stats=opts.gc_stats,
+                    cpus=server_cpus,
                 )
             if opts.gateway and (
                 opts.baseline_tree or opts.baseline_args is not None or opts.baseline_env is not None
@@ -790,9 +843,12 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
                     name="baseline",
                     env=opts.gateway_env if opts.baseline_env is None else opts.baseline_env,
                     gc_stats=opts.gc_stats,
+                    cpus=server_cpus,
                 )
             if opts.nginx:
-                nginx_endpoint = await _start_nginx(stack, tmp, certs, ctx, direct_endpoint, say=say)
+                nginx_endpoint = await _start_nginx(
+                    stack, tmp, certs, ctx, direct_endpoint, say=say, cpus=server_cpus
+                )
             known = True
             for ep in (gw_endpoint, base_endpoint, direct_endpoint, nginx_endpoint):
                 assert ep is None or _loopback(ep.host), "without --target, traffic stays on loopback"
@@ -837,7 +893,7 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
                     # now: a share of an earlier figure would load a slower machine more.
                     probe_work = gw_work or direct_work
                     assert probe_work is not None
-                    capacity = await probe_capacity(probe_work, opts, ctx, progress, ca_file)
+                    capacity = await probe_capacity(probe_work, opts, ctx, progress, ca_file, cpus=other_cpus)
                     probed.append(capacity)
                     rate = share * capacity
                 segments = _segments(opts, rate, capacity if share is not None else None)
@@ -872,6 +928,11 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
                             snap["gc_from"] = gcstats.now()
                         if pid and name == "gateway":
                             profiling.start(pid)
+                        result.seen_on("generator", processes.cpus_of(os.getpid()))
+                        if fleet:
+                            result.seen_on("backend", processes.cpus_of(fleet.pid))
+                        if pid and name != "direct":
+                            result.seen_on(name, processes.cpus_of(pid))
 
                     shape = "closed" if rate is None else f"{rate:g}/s" + (" +burst" if segments else "")
                     label = f"{name} {shape} #{rep + 1}"
@@ -879,7 +940,7 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
                     soak_gw = gateway if name == "gateway" else None
                     churning = churn if soak_gw is not None and probe is not None else None
                     lag: array[float] = array("d")
-                    async with make_generator(work, opts, ctx, ca_file) as gen:
+                    async with make_generator(work, opts, ctx, ca_file, other_cpus) as gen:
                         if opts.warmup > 0:
                             await gen.warm_up(f"{name} warm-up", progress)
                         # The gateway's /metrics before and after its measured phase: its own view.
@@ -908,6 +969,8 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
                             soak_tasks.cancel_scope.cancel()
                         conn_stats = gen.stats
                         go_cpu = gen.other_cpu_s
+                        if isinstance(gen, GoGenerator):
+                            result.seen_on("go caller", gen.cpus_seen)
                     if soak_gw is not None and result.rss is not None:
                         result.rss.sample(soak_gw.pid)  # the phase's end
                     if churning is not None and probe is not None and result.reloads is not None:
@@ -995,6 +1058,7 @@ async def _start_gateway(
     name: str = "gateway",
     env: dict[str, str] | None = None,
     gc_stats: bool = False,
+    cpus: set[int] | None = None,
 ) -> tuple[subprocess.Popen[bytes], Endpoint, Endpoint]:
     """Start a gateway on the run's configuration and wait until it is ready: this checkout's, or
     (``tree``) another checkout's; ``name`` "baseline" for the one measured beside it. Its process,
@@ -1017,6 +1081,7 @@ async def _start_gateway(
                 tree=tree,
                 env=env,
                 gc_stats=tmp / f"{name}.gc.json" if gc_stats else None,
+                cpus=cpus,
             )
         )
     )
@@ -1037,7 +1102,13 @@ CAPACITY_PROBE_SECONDS: Final = 5.0
 
 
 async def probe_capacity(
-    work: Workload, opts: Options, ctx: Any, progress: Progress, ca_file: Path | None = None
+    work: Workload,
+    opts: Options,
+    ctx: Any,
+    progress: Progress,
+    ca_file: Path | None = None,
+    *,
+    cpus: set[int] | None = None,
 ) -> float:
     """Reviews/s of ``work`` in a closed loop of ``CAPACITY_CLIENTS``: what ``N%`` of capacity means.
 
@@ -1046,7 +1117,7 @@ async def probe_capacity(
     """
     closed = replace(opts, concurrency=CAPACITY_CLIENTS, rates=[], capacity_shares=[], burst_peak=None)
     rec = Recorder()
-    async with make_generator(work, closed, ctx, ca_file) as gen:
+    async with make_generator(work, closed, ctx, ca_file, cpus) as gen:
         if opts.warmup > 0:
             await gen.warm_up("capacity warm-up", progress)
         await gen.run(

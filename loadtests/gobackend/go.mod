@@ -1,0 +1,3 @@
+module webhook-gateway/loadtests/gobackend
+
+go 1.19
