@@ -237,8 +237,8 @@ def table(result: RunResult) -> str:
     if result.rss is not None:
         lines += describe_rss(result.rss)
     lines.append(
-        "CPU µs/rev: the measured server process (gateway; in the direct row, the backend fleet);"
-        " backend µs: the fleet process, per review"
+        "CPU µs/rev: the measured server process (gateway; in the direct row, the backends' process);"
+        " backend µs: the backends' process (the fleet, or the Go backend), per review"
     )
     if any(r.gateway_review is not None for point in medians(result) for r in point.values()):
         lines.append(

@@ -1,3 +1,3 @@
 module webhook-gateway/loadtests/gobackend
 
-go 1.19
+go 1.24

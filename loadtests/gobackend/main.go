@@ -27,6 +27,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime"
 	"sync"
 	"time"
 )
@@ -271,7 +272,13 @@ func main() {
 	certFile := flag.String("certfile", "", "PEM certificate chain")
 	keyFile := flag.String("keyfile", "", "PEM private key")
 	http1Only := flag.Bool("http1-only", false, "offer only http/1.1 in ALPN (no HTTP/2)")
+	procs := flag.Int("procs", 1, "Go's GOMAXPROCS unless the environment sets it: one core, as the "+
+		"Python fleet's one process (a second one, spinning while idle, cost more CPU per call: "+
+		"loadtests/README.md)")
 	flag.Parse()
+	if os.Getenv("GOMAXPROCS") == "" && *procs > 0 {
+		runtime.GOMAXPROCS(*procs)
+	}
 	if *certFile == "" || *keyFile == "" || *count < 1 {
 		fmt.Fprintln(os.Stderr, "gobackend: -certfile and -keyfile are required, -count at least 1")
 		os.Exit(2)
@@ -297,6 +304,13 @@ func main() {
 			ReadHeaderTimeout: 30 * time.Second,
 			IdleTimeout:       120 * time.Second,
 			ErrorLog:          log.New(io.Discard, "", 0), // handshakes the caller abandoned: not news
+			// As the Python fleet's h2: 1,000 streams per connection (Go's default is 250: a gateway
+			// with more calls in flight would queue them or dial), 1 MiB per stream.
+			HTTP2: &http.HTTP2Config{
+				MaxConcurrentStreams:          1000,
+				MaxReceiveBufferPerStream:     1 << 20,
+				MaxReceiveBufferPerConnection: 4<<20 - 1,
+			},
 		}
 		if *http1Only {
 			srv.TLSNextProto = map[string]func(*http.Server, *tls.Conn, http.Handler){} // no h2
