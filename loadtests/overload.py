@@ -21,7 +21,9 @@ connections per second, the gateway's RSS over time, and the seconds from the dr
 until every later one-second window is normal again.
 
 The gateway runs pinned to one CPU and the generator and fleet to the others (``--no-pin`` to
-share), so "capacity" is one core's worth, whatever else runs.
+share), so "capacity" is one core's worth, whatever else runs. ``--gateway-cpu F`` gives each
+gateway only F of that CPU (a CFS quota, ``loadtests.cpuquota``), as a pod's CPU limit does: on
+two CPUs the caller can then offer 3× what one backend's gateway answers.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from pathlib import Path
 import msgspec
 import trio
 
-from loadtests import processes
+from loadtests import cpuquota, processes
 from loadtests.client import ConnectionLostError, Endpoint, client_context
 from loadtests.drive import arrival_offsets, drive_closed_loop, drive_open_loop, drive_open_loop_unbounded
 from loadtests.fixtures import review_templates
@@ -578,7 +580,9 @@ async def _run_mode_go(
 
 def table(capacity: float, args: argparse.Namespace, results: list[ModeResult]) -> str:
     lines = [
-        f"capacity (no shedding, best closed loop): {capacity:,.0f} reviews/s; "
+        f"capacity (no shedding, best closed loop): {capacity:,.0f} reviews/s"
+        + (f" on {args.gateway_cpu:g} of a CPU (CFS quota)" if args.gateway_cpu is not None else "")
+        + "; "
         f"overload {args.factor:g} x = {args.factor * capacity:,.0f}/s for {args.seconds:g} s; "
         f"?timeout={args.timeout:g}s; {args.backends} validating backends (20 ms, Ignore)",
         "",
@@ -633,6 +637,11 @@ async def run(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[flo
         ca_file = tmp / "ca.pem"
         ca_file.write_bytes(certs.ca_pem)
         use_go = args.generator == "go"
+        quota = (
+            stack.enter_context(cpuquota.cpu_quota("gateway", args.gateway_cpu))
+            if args.gateway_cpu is not None
+            else None
+        )
         say(f"starting {args.backends} backend(s) …")
         fleet = stack.enter_context(
             processes.managed(processes.spawn_fleet(args.backends, certs, http1_only=True))
@@ -657,6 +666,8 @@ async def run(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[flo
             )
             if pin:
                 processes.pin(proc.pid, gateway_cpus)
+            if quota is not None:
+                cpuquota.join(quota, proc.pid)
             endpoint = Endpoint("127.0.0.1", port, ctx, f"127.0.0.1:{port}")
             await processes.wait_ready(endpoint, proc)
             return endpoint, proc.pid
@@ -753,6 +764,12 @@ def main(argv: list[str]) -> int:
         type=int,
         default=256,
         help="--connection-policy fixed: the caller's connections (default 256)",
+    )
+    p.add_argument(
+        "--gateway-cpu",
+        type=float,
+        help="each gateway gets this share of its CPU (a CFS quota with a 10 ms period, as a pod's "
+        "CPU limit; needs a writable cgroup hierarchy), e.g. 0.5 so that the caller can offer 3x",
     )
     p.add_argument(
         "--generator",

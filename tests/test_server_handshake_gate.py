@@ -20,9 +20,11 @@ from gateway.server.hypercorn.handshake import HandshakeGate
 from tests.support.inbound import Gateway, read_response, review_request, start
 
 
-async def test_waiting_handshakes_are_admitted_newest_first() -> None:
+async def test_waiting_handshakes_are_admitted_oldest_first() -> None:
     """With its tokens used up, the gate admits one handshake per idle moment of the event loop, the
-    one that came last first: under a flood of dials the newest has the most of its caller's time."""
+    one that came first first: the queue is short (accepting pauses behind it), so first come, first
+    served bounds every wait at that many admissions; newest first starved the oldest past their
+    deadline while new ones kept arriving."""
     gate = HandshakeGate(burst=1, max_delay=60.0)
     order: list[str] = []
     async with trio.open_nursery() as nursery:
@@ -35,7 +37,7 @@ async def test_waiting_handshakes_are_admitted_newest_first() -> None:
         nursery.start_soon(gate.run)
         await _until(lambda: len(order) == 3)
         nursery.cancel_scope.cancel()
-    assert order == ["newest", "middle", "oldest"]
+    assert order == ["oldest", "middle", "newest"]
 
 
 async def _until(done: object) -> None:
@@ -126,9 +128,12 @@ async def _tls_reviews(gw: Gateway, context: ssl.SSLContext, count: int) -> list
         stream = trio.SSLStream(
             await trio.open_tcp_stream("127.0.0.1", gw.port), context, server_hostname="localhost"
         )
-        with trio.fail_after(20):
-            await stream.send_all(review_request())
-            reply = await read_response(stream)  # type: ignore[arg-type]
+        try:
+            with trio.fail_after(20):
+                await stream.send_all(review_request())
+                reply = await read_response(stream)  # type: ignore[arg-type]
+        except trio.BrokenResourceError:  # reset: the gateway cut the connection
+            reply = b""
         await trio.aclose_forcefully(stream)
         statuses.append(int(reply.split(b" ", 2)[1]) if reply else 0)
 
@@ -175,3 +180,92 @@ async def _within(scope: trio.CancelScope, work: object) -> None:
     assert callable(work)
     with scope:
         await work()
+
+
+# --- Accepting behind the gate: dials the loop has no time for wait in the kernel, not here ------
+
+
+BACKPRESSURE_CASES = [
+    pytest.param(
+        [],
+        True,
+        id="120 dials at once while the event loop never goes idle: accept waits while 16 handshakes queue at "
+        "the gate, so no dial waits there past --handshake-timeout and every review is answered",
+    ),
+    pytest.param(
+        ["--max-waiting-handshakes", "2"],
+        True,
+        id="the same with --max-waiting-handshakes 2: every review is answered",
+    ),
+    pytest.param(
+        ["--max-waiting-handshakes", "0"],
+        False,
+        id="the same with --max-waiting-handshakes 0 (accept regardless): the dials queued at the gate past "
+        "--handshake-timeout are reset",
+    ),
+]
+
+
+@pytest.mark.parametrize(("args", "waits"), BACKPRESSURE_CASES)
+async def test_dials_beyond_the_waiting_handshakes_stay_in_the_kernels_accept_queue(
+    nursery: trio.Nursery, tmp_path: Path, args: list[str], waits: bool
+) -> None:
+    """Handshakes are admitted one per 10 ms here (the loop is never idle): 120 dials queued at the
+    gate at once would wait up to 1.2 s, and the oldest would be reset at --handshake-timeout 1."""
+    gw, context = await _tls_gateway(
+        nursery, tmp_path, "--handshake-burst", "1", "--handshake-timeout", "1", *args
+    )
+    busy = trio.CancelScope()
+
+    async def spin() -> None:  # a task that always has work: the event loop never goes idle
+        while True:
+            await trio.lowlevel.checkpoint()
+
+    nursery.start_soon(lambda: _within(busy, spin))
+    statuses = await _tls_reviews(gw, context, 120)
+    busy.cancel()
+    if waits:
+        assert statuses == [200] * 120
+        assert gw.counter("inbound_closed", "handshake_timeout") == 0
+        assert gw.counter("accept_paused") > 0  # it did wait
+    else:
+        assert 0 < statuses.count(0) == gw.counter("inbound_closed", "handshake_timeout")
+        assert gw.counter("accept_paused") == 0
+
+
+def _client_hello() -> bytes:
+    """A real TLS ClientHello, as the first flight of a client."""
+    context = ssl.create_default_context()
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    client = context.wrap_bio(incoming, outgoing, server_hostname="localhost")
+    with pytest.raises(ssl.SSLWantReadError):
+        client.do_handshake()
+    return outgoing.read()
+
+
+async def test_a_dial_its_client_closed_while_it_waited_at_the_gate_costs_no_handshake(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """A client that gives up on a dial (Go cancels the dials no request waits for any more) closes
+    the connection after its ClientHello. When the gate admits it, the gateway sees the FIN and drops
+    it without the handshake's crypto: counted as abandoned, not as a limit reached."""
+    gw, _ = await _tls_gateway(nursery, tmp_path, "--handshake-burst", "1")
+    busy = trio.CancelScope()
+
+    async def spin() -> None:
+        while True:
+            await trio.lowlevel.checkpoint()
+
+    nursery.start_soon(lambda: _within(busy, spin))
+    hello = _client_hello()
+    count = 10
+    for _ in range(count):
+        sock = trio.socket.socket()
+        await sock.connect(("127.0.0.1", gw.port))
+        await sock.send(hello)
+        sock.close()  # FIN: nothing unread on this side
+    with trio.fail_after(20):
+        while gw.counter("handshakes_abandoned") < count - 1:
+            await trio.sleep(0.01)
+    busy.cancel()
+    assert gw.counter("inbound_closed", "handshake_timeout") == 0

@@ -134,9 +134,18 @@ def build_parser(prog: str, *, usage: str | None = None, epilog: str | None = No
         i,
         "--handshake-burst",
         help="TLS handshakes computed between two moments the event loop has nothing else to run "
-        "(established connections first; the newest waiting handshake first); 0: no such gate",
+        "(established connections first; the oldest waiting handshake first); 0: no such gate",
         type=int,
         default=D.handshake_burst,
+    )
+    add_option(
+        i,
+        "--max-waiting-handshakes",
+        help="stop accepting new connections while this many TLS handshakes wait for the event loop "
+        "(behind --handshake-burst): further dials wait in the kernel's accept queue, where they cost "
+        "nothing, instead of being reset later; at most half the pending-connection bound; 0: never stop",
+        type=int,
+        default=D.max_waiting_handshakes,
     )
     add_option(
         i,

@@ -414,6 +414,18 @@ class Metrics:
             "reached), accept_error (out of file descriptors or memory; accept backs off).",
             ("reason",),
         )  # fmt: skip
+        self.handshakes_abandoned = _counter(
+            "inbound_handshakes_abandoned_total",
+            "TLS handshakes not computed because the client had closed the connection while its "
+            "handshake waited behind the established connections (a dial its caller gave up).",
+            (),
+        )  # fmt: skip
+        self.accept_paused = _counter(
+            "inbound_accept_paused_seconds_total",
+            "Seconds the gateway accepted no connection because --max-waiting-handshakes TLS "
+            "handshakes waited for its event loop; new dials waited in the kernel's accept queue.",
+            (),
+        )  # fmt: skip
         self.h2_goaways = _counter(
             "inbound_h2_goaway_total",
             "GOAWAY frames sent to HTTP/2 callers, per reason: flood (ENHANCE_YOUR_CALM, over the "
@@ -460,7 +472,8 @@ class Metrics:
             self.reinvocations, self.call_duration, self.call_errors, self.review_duration,
             self.review_overhead, self.reviews_in_flight, self.config_generation, self.config_last_reload_ok,
             self.backend_timeout, self.serving_certificate_expiry,
-            self.inbound_closed, self.inbound_rejected, self.h2_goaways, self.certificate_reloads,
+            self.inbound_closed, self.inbound_rejected, self.handshakes_abandoned, self.accept_paused,
+            self.h2_goaways, self.certificate_reloads,
             self.log_lines_dropped, self.gc_full_collections, self.gc_full_collection_seconds,
         )  # fmt: skip
         self._init_conversion()
@@ -488,6 +501,8 @@ class Metrics:
             self.inbound_closed.labels(reason)
         for reason in ("limit", "accept_error"):
             self.inbound_rejected.labels(reason)
+        self.handshakes_abandoned.labels()
+        self.accept_paused.labels()
         for reason in ("flood", "drain"):
             self.h2_goaways.labels(reason)
         for result in ("success", "failure"):

@@ -388,6 +388,16 @@ class Observability:
         if self.prometheus is not None:
             self.prometheus.h2_goaway(reason)
 
+    def handshake_abandoned(self) -> None:
+        """A dial's client closed it while its handshake waited for the event loop (counted only)."""
+        if self.prometheus is not None:
+            self.prometheus.handshakes_abandoned.labels().value += 1
+
+    def accept_paused(self, seconds: float) -> None:
+        """The listener accepted nothing for ``seconds``: handshakes waited for the event loop."""
+        if self.prometheus is not None:
+            self.prometheus.accept_paused.labels().value += seconds
+
     def certificate_reloaded(self, ok: bool) -> None:
         if self.prometheus is not None:
             self.prometheus.certificate_reloaded(ok)

@@ -44,6 +44,8 @@ DEFAULT_FD_RESERVE: Final = 512
 # own client at 80 % of capacity, 1 beside 8 answered 23 % more with a third of the dials and a
 # quarter of the failed reviews (docs/inbound.md, "Connections that are not established yet").
 DEFAULT_HANDSHAKE_BURST: Final = 1
+# TLS handshakes waiting for the event loop at which the listener stops accepting (0: never stops).
+DEFAULT_MAX_WAITING_HANDSHAKES: Final = 16
 
 # What connections may cost (docs/inbound.md, "Memory"; measured by `python -m loadtests.abuse
 # stalled` and tests/test_server_memory.py): the bounds keep the process under MEMORY_TARGET of its
@@ -102,6 +104,9 @@ class InboundLimits:
     handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT
     # TLS handshakes computed between two idle moments of the event loop (0: no gate).
     handshake_burst: int = DEFAULT_HANDSHAKE_BURST
+    # Handshakes waiting at that gate at which accepting pauses: further dials wait in the kernel's
+    # accept queue (0: accept regardless; at most half the pending bound, ``InboundRuntime.accept_room``).
+    max_waiting_handshakes: int = DEFAULT_MAX_WAITING_HANDSHAKES
     h2_control_burst: int = DEFAULT_H2_CONTROL_BURST
     h2_control_rate: float = DEFAULT_H2_CONTROL_RATE
     h2_max_settings: int = DEFAULT_H2_MAX_SETTINGS
@@ -172,6 +177,10 @@ class InboundEvents(Protocol):
 
     def h2_goaway(self, reason: str) -> None: ...
 
+    def handshake_abandoned(self) -> None: ...
+
+    def accept_paused(self, seconds: float) -> None: ...
+
 
 class NullEvents:
     def connection_closed(self, reason: str) -> None:
@@ -181,6 +190,12 @@ class NullEvents:
         pass
 
     def h2_goaway(self, reason: str) -> None:
+        pass
+
+    def handshake_abandoned(self) -> None:
+        pass
+
+    def accept_paused(self, seconds: float) -> None:
         pass
 
 
@@ -230,6 +245,15 @@ class InboundRuntime:
     @property
     def open_connections(self) -> int:
         return len(self.connections) + len(self.pending)
+
+    @property
+    def accept_room(self) -> int:
+        """Handshakes waiting for the event loop at which the listener stops accepting (0: never).
+
+        At most half the pending bound, so that accepting never has to evict a connection that only
+        waits for the event loop's time."""
+        room = self.limits.max_waiting_handshakes
+        return min(room, max(1, self.max_pending // 2)) if room > 0 else 0
 
     def admit(self) -> bool:
         """True if one more connection may open; otherwise it is counted as rejected."""

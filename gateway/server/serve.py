@@ -417,6 +417,7 @@ def inbound_limits(options: ServeSettings) -> InboundLimits:
         max_pending=options.max_pending_connections,
         handshake_timeout=options.handshake_timeout,
         handshake_burst=options.handshake_burst,
+        max_waiting_handshakes=options.max_waiting_handshakes,
         h2_control_burst=options.h2_control_frame_burst,
         h2_control_rate=options.h2_control_frame_rate,
         h2_max_settings=InboundLimits().h2_max_settings,

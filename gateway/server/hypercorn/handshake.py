@@ -21,7 +21,11 @@ Reasons (limits; docs/inbound.md, "Connections that are not established yet"):
 
 - **Established connections first** (``HandshakeGate``, ``--handshake-burst``): a handshake's
   crypto waits for a token, and tokens come back when the event loop has run everything else;
-  waiting handshakes go newest first.
+  waiting handshakes go oldest first. While ``--max-waiting-handshakes`` wait, the listener stops
+  accepting (``HandshakeGate.room``): further dials wait in the kernel's accept queue.
+- **A dial its client gave up is not computed.** A handshake that waited at the gate first checks
+  that its client has not closed the connection meanwhile (client-go cancels the dials no request
+  waits for any more): ~0.3 ms of crypto saved per dial given up, counted as abandoned.
 
 Byte-level tests: tests/test_server_inbound.py (stalled connections, the bound and its eviction,
 the deadline, over real sockets) and tests/test_server_memory.py (their cost, through a real
@@ -32,9 +36,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import socket as stdlib_socket
 import ssl
 import struct
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -44,7 +50,11 @@ import trio.testing
 from gateway.server.limits import InboundLimits
 from gateway.wire.tls_stream import TLSSocketStream
 
-__all__ = ["HandshakeGate", "PendingConnection"]
+__all__ = ["ABANDONED", "HandshakeGate", "PendingConnection"]
+
+# ``PendingConnection.establish``'s reason for a connection whose client closed it while its
+# handshake waited at the gate (not a limit reached: counted apart).
+ABANDONED: Final = "abandoned"
 
 # A TLS record header: content type (22: handshake), version (2 bytes), length (2 bytes).
 _RECORD_HEADER: Final = 5
@@ -104,8 +114,9 @@ class PendingConnection:
                     await trio.lowlevel.wait_readable(self.sock)  # the first bytes of a request
                     return trio.SocketStream(trio.socket.from_stdlib_socket(self.sock)), ""
                 await _client_hello(self.sock)
-                if gate is not None:
-                    await gate.admit()  # behind the established connections' work
+                if gate is not None and await gate.admit() and _client_gone(self.sock):
+                    self._reset()  # behind the established connections' work, too long for its client
+                    return None, ABANDONED
                 self.stream = TLSSocketStream(self.sock, tls_context(), server_side=True)
                 await self.stream.do_handshake()
                 return self.stream, ""
@@ -148,6 +159,13 @@ class PendingConnection:
             self.stream.socket.close()
         else:
             self.sock.close()
+
+
+def _client_gone(sock: stdlib_socket.socket) -> bool:
+    """True if the client has closed its side (FIN or reset): ``POLLRDHUP`` without reading."""
+    poller = select.poll()
+    poller.register(sock, select.POLLRDHUP)
+    return bool(poller.poll(0))
 
 
 async def _client_hello(sock: stdlib_socket.socket) -> None:
@@ -212,7 +230,7 @@ def _whole_record(sock: stdlib_socket.socket) -> bool:
 
 
 class HandshakeGate:
-    """Admits TLS handshakes behind the established connections' work, the newest first.
+    """Admits TLS handshakes behind the established connections' work, the oldest first.
 
     A server handshake's first step (the ClientHello in, the server's flight out) costs ~250 µs of
     CPU on the event loop, more than a review. Run as soon as each ClientHello is in, a burst of new
@@ -228,33 +246,52 @@ class HandshakeGate:
     handshakes while behind collapsed less: 1 beside 8 at 80 % of capacity answered 23 % more, with
     a quarter of the reviews failed on reset dials (docs/inbound.md).
 
-    Waiting handshakes are admitted newest first: under a flood of dials the newest has the most
-    of its caller's time left (client-go gives up on a TLS handshake after 10 s; the caller's
-    webhook timeout is often 1–3 s), and an old one that waited past ``--handshake-timeout`` is
-    reset by its own deadline (``PendingConnection.establish``), so none waits longer than that.
+    The queue is short: while ``--max-waiting-handshakes`` wait, the listener accepts nothing
+    (``room``). A dial the loop has no time for then waits in the kernel's accept queue, where it
+    costs the gateway nothing and its client may still give it up, instead of being accepted,
+    queued here, and reset at its deadline: a reset dial fails the caller's review when no other
+    connection frees up for it, a dial left waiting does not (docs/inbound.md). Being short, it is
+    served first come, first served, so no handshake waits longer than that many admissions
+    (newest first, kept while the queue was unbounded, starved the oldest past
+    ``--handshake-timeout`` as long as new dials kept coming).
     """
 
-    __slots__ = ("_burst", "_max_delay", "_tokens", "_waiters", "_wake", "running")
+    __slots__ = ("_burst", "_max_delay", "_room", "_tokens", "_waiters", "_wake", "running")
 
     def __init__(self, burst: int, max_delay: float = 0.01) -> None:
         self._burst = max(1, burst)
         self._max_delay = max_delay
         self._tokens = self._burst
-        self._waiters: list[trio.Event] = []  # waiting handshakes, oldest first
+        self._waiters: deque[trio.Event] = deque()  # waiting handshakes, oldest first
         self._wake = trio.Event()
+        self._room: trio.Event | None = None  # set when a waiting handshake leaves the queue
         self.running = False
 
     @property
     def waiting(self) -> int:
         return len(self._waiters)
 
-    async def admit(self) -> None:
-        """Wait for this connection's turn to compute its handshake (cancellable: its deadline)."""
+    async def room(self, limit: int) -> None:
+        """Return once fewer than ``limit`` handshakes wait (the listener's accept backpressure)."""
+        while len(self._waiters) >= limit:
+            if self._room is None:
+                self._room = trio.Event()
+            await self._room.wait()
+
+    def _left(self) -> None:
+        if self._room is not None:
+            self._room.set()
+            self._room = None
+
+    async def admit(self) -> bool:
+        """Wait for this connection's turn to compute its handshake (cancellable: its deadline).
+
+        True if it had to wait (its client may have given up meanwhile)."""
         if self._tokens and not self._waiters:
             self._tokens -= 1
             if not self._tokens:
                 self._wake.set()
-            return
+            return False
         turn = trio.Event()
         self._waiters.append(turn)
         self._wake.set()
@@ -266,10 +303,12 @@ class HandshakeGate:
                 self._wake.set()
             else:
                 self._waiters.remove(turn)
+                self._left()
             raise
+        return True
 
     async def run(self) -> None:
-        """Give the tokens back at the loop's idle moments, to the newest waiting handshakes first."""
+        """Give the tokens back at the loop's idle moments, to the oldest waiting handshakes first."""
         self.running = True
         while True:
             await self._wake.wait()
@@ -280,6 +319,7 @@ class HandshakeGate:
             waiters = self._waiters
             while self._tokens and waiters:
                 self._tokens -= 1
-                waiters.pop().set()
+                waiters.popleft().set()
+            self._left()
             if waiters:
                 self._wake.set()  # more to admit at the next idle moment

@@ -9,7 +9,9 @@ listener's lifetime. Reasons for this loop:
   reset so that it costs no TIME_WAIT here); new limits on accepting belong here. An accepted
   connection is pending (``handshake.PendingConnection``: its own bound, which evicts the oldest,
   and deadline) until its TLS handshake is done; only then is its server built. Its handshake is
-  computed when ``handshake.HandshakeGate`` admits it, behind the established connections.
+  computed when ``handshake.HandshakeGate`` admits it, behind the established connections; while
+  ``--max-waiting-handshakes`` wait there, nothing is accepted (``InboundRuntime.accept_room``):
+  the next dials wait in the kernel's accept queue (a backlog of 1024), where they cost nothing.
 - **Crash fix.** On EMFILE/ENFILE/ENOMEM/ENOBUFS it backs off (10 ms doubling to 1 s) with one
   rate-limited log line and no traceback, while the connections it has keep being served.
 - **Certificate rotation.** Each connection is wrapped in TLS with the *current* context of
@@ -46,7 +48,7 @@ from hypercorn.typing import ConnectionState
 from hypercorn.utils import parse_socket_addr, repr_socket_addr
 
 from gateway.server.hypercorn.config import runtime_of
-from gateway.server.hypercorn.handshake import HandshakeGate, PendingConnection
+from gateway.server.hypercorn.handshake import ABANDONED, HandshakeGate, PendingConnection
 from gateway.server.hypercorn.tcp_server import GatewayTCPServer
 from gateway.server.hypercorn.watchdog import Deadlines
 from gateway.server.limits import ACCEPT_CAPACITY_ERRNOS, InboundRuntime
@@ -126,11 +128,22 @@ async def _accept_loop(
     """Accept on the (non-blocking) listening socket itself: no trio socket object per connection.
 
     It accepts what the kernel's queue holds, up to ``_ACCEPT_BATCH`` connections per pass of the
-    run loop, then lets the other tasks run.
+    run loop, then lets the other tasks run; while ``runtime.accept_room`` handshakes wait for the
+    event loop (``HandshakeGate``), it accepts none, and in one pass at most as many as would fill
+    that room (the ones accepted in a pass reach the gate only once their tasks run).
     """
     backoff = 0.0
+    room = runtime.accept_room
     while True:
-        for _ in range(_ACCEPT_BATCH):
+        batch = _ACCEPT_BATCH
+        gate = runtime.handshakes
+        if room and gate is not None:
+            if gate.waiting >= room:
+                paused = trio.current_time()
+                await gate.room(room)
+                runtime.events.accept_paused(trio.current_time() - paused)
+            batch = min(batch, room - gate.waiting)
+        for _ in range(batch):
             try:
                 sock, peer = listener.accept()
             except BlockingIOError:
@@ -171,7 +184,9 @@ async def _serve_connection(
     finally:
         runtime.end_pending(pending)
     if stream is None:
-        if reason:
+        if reason == ABANDONED:
+            runtime.events.handshake_abandoned()
+        elif reason:
             runtime.events.connection_closed(reason)
         runtime.closed()
         return
