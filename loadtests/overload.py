@@ -43,7 +43,7 @@ from pathlib import Path
 import msgspec
 import trio
 
-from loadtests import cpuquota, processes
+from loadtests import cpuquota, gobackend, processes
 from loadtests.client import ConnectionLostError, Endpoint, client_context
 from loadtests.drive import arrival_offsets, drive_closed_loop, drive_open_loop, drive_open_loop_unbounded
 from loadtests.fixtures import review_templates
@@ -582,6 +582,7 @@ def table(capacity: float, args: argparse.Namespace, results: list[ModeResult]) 
     lines = [
         f"capacity (no shedding, best closed loop): {capacity:,.0f} reviews/s"
         + (f" on {args.gateway_cpu:g} of a CPU (CFS quota)" if args.gateway_cpu is not None else "")
+        + ("; Go backends" if args.backend == "go" else "")
         + "; "
         f"overload {args.factor:g} x = {args.factor * capacity:,.0f}/s for {args.seconds:g} s; "
         f"?timeout={args.timeout:g}s; {args.backends} validating backends (20 ms, Ignore)",
@@ -644,7 +645,11 @@ async def run(args: argparse.Namespace, say: Callable[[str], None]) -> tuple[flo
         )
         say(f"starting {args.backends} backend(s) …")
         fleet = stack.enter_context(
-            processes.managed(processes.spawn_fleet(args.backends, certs, http1_only=True))
+            processes.managed(
+                gobackend.spawn(args.backends, certs, http1_only=True)
+                if args.backend == "go"
+                else processes.spawn_fleet(args.backends, certs, http1_only=True)
+            )
         )
         ports = await processes.fleet_ports(fleet)
         urls = {
@@ -764,6 +769,13 @@ def main(argv: list[str]) -> int:
         type=int,
         default=256,
         help="--connection-policy fixed: the caller's connections (default 256)",
+    )
+    p.add_argument(
+        "--backend",
+        choices=("python", "go"),
+        default="python",
+        help="the backends: python (the fleet, gateway.devtools.backends) or go (loadtests/gobackend, "
+        "a third of the fleet's CPU per call, so that the generator's CPU is left to the generator)",
     )
     p.add_argument(
         "--gateway-cpu",

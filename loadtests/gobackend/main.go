@@ -8,8 +8,9 @@
 //
 //	{"apiVersion":<the review's>,"kind":"AdmissionReview","response":{"uid":<request.uid>,"allowed":true}}
 //
-// for admission.k8s.io/v1 and v1beta1 reviews; a body that is not such a review gets HTTP 400, any
-// other path 404, GET /healthz "ok". The review is not decoded: a scanner walks its JSON for the
+// for admission.k8s.io/v1 and v1beta1 reviews; POST /sleep/N/allow answers the same after N
+// milliseconds (the overload scenario's 20 ms backends); a body that is not such a review gets HTTP
+// 400, any other path 404, GET /healthz "ok". The review is not decoded: a scanner walks its JSON for the
 // top-level "apiVersion" and "request"'s "uid" (nested values skipped whole, keys compared after
 // unescaping, the last of duplicate keys wins as in encoding/json), so the uid is the request's for
 // every valid JSON review at a fraction of a full decode's CPU.
@@ -28,6 +29,8 @@ import (
 	"net/http"
 	"os"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -287,6 +290,16 @@ func main() {
 	fail(err)
 	mux := http.NewServeMux()
 	mux.HandleFunc("/allow", allow)
+	mux.HandleFunc("/sleep/", func(w http.ResponseWriter, r *http.Request) {
+		ms, rest, ok := strings.Cut(strings.TrimPrefix(r.URL.Path, "/sleep/"), "/")
+		n, err := strconv.ParseFloat(ms, 64)
+		if !ok || rest != "allow" || err != nil || n < 0 || n > 60_000 {
+			http.NotFound(w, r)
+			return
+		}
+		time.Sleep(time.Duration(n * float64(time.Millisecond)))
+		allow(w, r)
+	})
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })
 	protos := []string{"h2", "http/1.1"}
 	if *http1Only {
