@@ -162,6 +162,12 @@ async def test_the_answer_carries_request_uid_for_any_valid_json_review(
         pytest.param(review('{"name":"x"}'), b"/allow", 400, id="a review without request.uid gets 400"),
         pytest.param(review("null"), b"/allow", 400, id="a null request gets 400"),
         pytest.param(review('{"uid":"x"}'), b"/deny", 404, id="any path but /allow is not served"),
+        pytest.param(
+            review('{"uid":"x"}'), b"/sleep/x/allow", 404, id="a sleep that is not milliseconds is not served"
+        ),
+        pytest.param(
+            review('{"uid":"x"}'), b"/sleep/5/deny", 404, id="a sleep before anything but allow is not served"
+        ),
     ],
 )
 async def test_what_is_not_a_review_to_allow_is_refused_not_allowed(
@@ -170,6 +176,17 @@ async def test_what_is_not_a_review_to_allow_is_refused_not_allowed(
     certs, ports = backend
     got, reply = await call(certs, ports[0], body, path=path)
     assert got == status, reply
+
+
+async def test_sleep_n_allow_answers_the_same_after_n_milliseconds(backend: tuple[Certs, list[int]]) -> None:
+    """The overload scenario's 20 ms backends (``/sleep/20/allow``): the same answer, not before."""
+    certs, ports = backend
+    body = review(f'{{"uid":"{UID}"}}')
+    started = trio.current_time()
+    status, reply = await call(certs, ports[0], body, path=b"/sleep/50/allow?timeout=10s")
+    assert status == 200, reply
+    assert json.loads(reply)["response"] == {"uid": UID, "allowed": True}
+    assert trio.current_time() - started >= 0.05  # a lower bound only: nothing here is timed
 
 
 def alpn(certs: Certs, port: int) -> str | None:
