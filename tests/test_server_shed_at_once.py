@@ -12,11 +12,13 @@ Nothing here is timed.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from gateway.cli import parse
 from gateway.devtools.backends import BackendServer, serve_backend
@@ -235,3 +237,89 @@ async def test_shed_reviews_answered_at_once_write_one_review_line_a_second(
     scraped = await client.post("/metrics", b"", method="GET")
     assert scraped is not None
     assert 'webhook_gateway_reviews_shed_total{reason="in_flight"} 20.0' in scraped.body.decode()
+
+
+SPLITS = [
+    pytest.param(
+        [0.5],
+        id="the body in two writes, as Go's client writes a body larger than its 4 KiB buffer: answered at once",
+    ),
+    pytest.param([0.0], id="the head alone, then the body: answered at once"),
+    pytest.param([0.25, 0.5, 0.75], id="the body in four writes: answered at once"),
+]
+
+
+@pytest.mark.parametrize("cuts", SPLITS)
+async def test_a_shed_review_whose_body_comes_in_several_reads_is_answered_at_once(
+    nursery: trio.Nursery, tmp_path: Path, cuts: list[float]
+) -> None:
+    """kube-apiserver's client (Go's net/http) writes a request through a 4 KiB buffer: an 8 KB review
+    reaches the gateway in several reads. A shed review's body is gathered where it is read (not
+    handed to a task and the ASGI path piece by piece) and answered at once, the same answer."""
+    server = await nursery.start(lambda task_status: serve_backend(task_status=task_status))
+    url = f"http://127.0.0.1:{server.port}"
+    write_config(
+        tmp_path / "c", validating={"team-a": [_slow(url), *_hooks(url, ("a.example.com", "Ignore", {}))]}
+    )
+    running = await start_gateway(nursery, tmp_path / "c", "--shed-max-in-flight", "1")
+    app = running.app
+    assert app is not None
+    await _hold_one_review(nursery, running, server)
+    doc = review(pod(labels={"pad": "x" * 60}))
+    doc["request"]["object"]["metadata"]["annotations"] = {"note": "y" * 8000}  # an 8 KB review
+    body = json.dumps(doc).encode()
+    whole = await (await gateway_client(running)).post("/validate?timeout=5s", body)
+    assert app.answered_at_once == 1 and whole is not None
+
+    request = b"POST /validate?timeout=5s HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
+    request += b"Content-Length: %d\r\n\r\n" % len(body)
+    stream = await trio.open_tcp_stream("127.0.0.1", int(running.urls[0].rsplit(":", 1)[1]))
+    marks = [len(request) + int(len(body) * cut) for cut in cuts]
+    wire = request + body
+    for start, end in zip([0, *marks], [*marks, len(wire)], strict=True):
+        await stream.send_all(wire[start:end])
+        await trio.testing.wait_all_tasks_blocked()  # the gateway has read these bytes
+    reply = await _read_reply(stream)
+    await stream.aclose()
+    assert app.answered_at_once == 2, "the review in several reads took the ASGI path"
+    assert json.loads(reply.split(b"\r\n\r\n", 1)[1]) == whole.json
+    assert len(server.calls) == 1, "a shed review called a backend"
+
+
+async def _read_reply(stream: trio.abc.Stream) -> bytes:
+    """One HTTP/1.1 reply with a Content-Length, read whole."""
+    reply = b""
+    with trio.fail_after(10):
+        while True:
+            head, sep, rest = reply.partition(b"\r\n\r\n")
+            if sep:
+                length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+                assert length is not None, head
+                if len(rest) >= int(length[1]):
+                    return reply
+            chunk = await stream.receive_some(65536)
+            assert chunk, reply
+            reply += chunk
+
+
+async def test_a_shed_review_whose_body_stops_coming_is_cut_at_the_heads_deadline(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """A body being gathered holds at most 64 KiB and no task, and its head's deadline covers it: a
+    client that sends half a body and stops is cut at --header-read-timeout, as a half head is."""
+    server = await nursery.start(lambda task_status: serve_backend(task_status=task_status))
+    url = f"http://127.0.0.1:{server.port}"
+    write_config(
+        tmp_path / "c", validating={"team-a": [_slow(url), *_hooks(url, ("a.example.com", "Ignore", {}))]}
+    )
+    running = await start_gateway(
+        nursery, tmp_path / "c", "--shed-max-in-flight", "1", "--header-read-timeout", "0.5"
+    )
+    await _hold_one_review(nursery, running, server)
+    body = json.dumps(review(pod())).encode()
+    head = b"POST /validate?timeout=5s HTTP/1.1\r\nHost: gateway\r\nContent-Length: %d\r\n\r\n" % len(body)
+    stream = await trio.open_tcp_stream("127.0.0.1", int(running.urls[0].rsplit(":", 1)[1]))
+    await stream.send_all(head + body[: len(body) // 2])
+    with trio.fail_after(10):
+        assert await stream.receive_some(65536) == b"", "the connection was closed, nothing answered"
+    await stream.aclose()

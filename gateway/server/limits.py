@@ -240,6 +240,9 @@ class InboundRuntime:
     # the overload gate sheds: ``GatewayApp.answer_at_once``), given (method, target, headers,
     # body) of a plain HTTP/1.1 request whose body came whole; None: the ASGI path as usual.
     answer_at_once: AtOnce | None = None
+    # True while the overload gate sheds: a request whose body comes in several reads is then
+    # gathered whole where it is read and given to ``answer_at_once`` (``GatewayH11Protocol``).
+    sheds_now: Callable[[], bool] | None = None
     _accept_log_at: float = -math.inf
 
     @property

@@ -227,6 +227,7 @@ async def serve(
         )
         if overload is not None:  # a shed review is answered where it is read (docs/resilience.md)
             runtime.answer_at_once = app.answer_at_once
+            runtime.sheds_now = lambda: overload.shed_reason() is not None
         observer.watch_pool(pool)
         if trimmer.available:
             nursery.start_soon(trimmer.run)

@@ -13,6 +13,12 @@ inbound request):
   read in one pass of the run loop go out together.
 - **One write per reply.** A response head is written together with its body (one TLS record, one
   ``send``), and the empty write at the end of a Content-Length message is skipped (−32 µs).
+- **A shed review's body gathered.** While the overload gate sheds, a plain request whose body
+  comes in several reads (Go's client, the apiserver's, writes through a 4 KiB buffer: an 8 KB
+  review is three reads) is gathered here, at most ``_GATHER_MAX`` bytes, and answered at once
+  like one whose body came with its head (``InboundRuntime.answer_at_once``), instead of being
+  handed to a task and the ASGI path piece by piece. Until it is whole the connection is idle for
+  the server: its head's deadline (``--header-read-timeout``) covers the body.
 - **Draining (a limit).** While the listener drains, every response carries ``Connection: close``
   so that callers move to another replica.
 - **Strict framing (a limit).** A request head h11 accepts is still refused, and the connection
@@ -51,6 +57,10 @@ __all__ = ["GatewayH11Protocol"]
 # Requests read closer together than this mean a busy gateway: their apps get tasks of their own.
 # One review at a time arrives every ~0.75 ms here; a saturated gateway reads one every ~0.15 ms.
 _BUSY_GAP: Final = 0.0005
+
+# The most a request may hold to be gathered whole before it is answered (head and body): the
+# memory each connection is allowed beyond its buffers (docs/inbound.md, "Memory").
+_GATHER_MAX: Final = 64 * 1024
 
 # h11 events are immutable: one end-of-message event serves every response.
 _END_OF_MESSAGE: Final = h11.EndOfMessage()
@@ -94,6 +104,8 @@ class GatewayH11Protocol(H11Protocol):
 
     _held = b""
     _exchange: _FastExchange | None = None
+    _gathered: list[bytes] | None = None  # a request being gathered whole (``_gather``)
+    _gather_left = 0  # its bytes still to come
     _gone = False  # a fast exchange closed the connection
     _budget: FrameBudget | None = None  # for the chunks of chunked bodies, made at the first one
     _chunk = 0  # bytes of the chunk being read
@@ -119,6 +131,9 @@ class GatewayH11Protocol(H11Protocol):
     async def handle(self, event: Any) -> None:
         if type(event) is RawData:
             if self._gone:  # the connection is closing: what the client still sends is not read
+                return
+            if self._gathered is not None:
+                await self._gather(event.data)
                 return
             exchange = self._exchange
             if exchange is not None:
@@ -146,6 +161,16 @@ class GatewayH11Protocol(H11Protocol):
         body = request.body
         runtime = runtime_of(self.config)
         at_once = runtime.answer_at_once
+        if (
+            at_once is not None
+            and request.body_left
+            and len(data) + request.body_left <= _GATHER_MAX
+            and runtime.sheds_now is not None
+            and runtime.sheds_now()
+        ):
+            self._gathered = [data]  # answered once whole (``_gather``); no stream, no task till then
+            self._gather_left = request.body_left
+            return
         if (
             at_once is not None
             and request.body_left == 0
@@ -185,6 +210,22 @@ class GatewayH11Protocol(H11Protocol):
         await stream.body(body, end=whole)
         if inline:
             await self.task_group.run_inline()  # type: ignore[attr-defined]
+
+    async def _gather(self, data: bytes) -> None:
+        """More of a request being gathered; once whole, it is taken as if it had come in one read."""
+        gathered = self._gathered
+        assert gathered is not None
+        gathered.append(data)
+        self._gather_left -= len(data)
+        if self._gather_left > 0:
+            return
+        self._gathered = None
+        whole = b"".join(gathered)
+        request = parse_plain_request(whole)
+        if request is not None and request.body_left == 0:
+            await self._fast_request(request, whole)
+        else:  # bytes after the body (a pipelined request): h11 takes it all, as it would have
+            await super().handle(RawData(data=whole))
 
     async def _fast_data(self, exchange: _FastExchange, data: bytes) -> None:
         """More bytes during a fast exchange: the rest of its body, then perhaps a next request."""
