@@ -128,6 +128,13 @@ def parser() -> argparse.ArgumentParser:
         "the gateway and its backends run on CPUs of their own in production; needs 2 CPUs or more",
     )
     w.add_argument(
+        "--gateway-cpu",
+        type=float,
+        help="the measured server (gateway, baseline gateway, nginx) each on this share of a CPU (a CFS "
+        "quota with a 10 ms period, as a pod's CPU limit; needs a writable cgroup hierarchy): with "
+        "--pin on 2 CPUs, the generator and backends keep up with a load the gateway cannot",
+    )
+    w.add_argument(
         "--timeout",
         type=float,
         default=10.0,
@@ -346,6 +353,7 @@ def options(args: argparse.Namespace) -> Options:
         generator=args.generator,
         backend=args.backend,
         pin=args.pin,
+        gateway_cpu=args.gateway_cpu,
         timeout=args.timeout,
         burst_peak=burst_peak,
         burst_seconds=burst_seconds,
@@ -430,6 +438,8 @@ def main(argv: list[str] | None = None) -> int:
             parser().error("--nginx needs the backends this run starts (not --target)")
         if nginx() is None:
             parser().error("--nginx needs nginx: apt-get install nginx-light")
+    if args.gateway_cpu is not None and args.target:
+        parser().error("--gateway-cpu limits the processes this run starts (not --target)")
     if args.pin:
         from loadtests.processes import placement
 

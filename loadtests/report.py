@@ -100,6 +100,9 @@ def describe(result: RunResult) -> str:
     )
     if o.pin:
         where += "\n" + _pinned(result.placement)
+    if o.gateway_cpu is not None and not o.target:
+        share = f"{o.gateway_cpu:g}"
+        where += f"\nthe measured server (gateway, baseline, nginx) each on {share} of a CPU (a CFS quota)"
     text = (
         f"{what}\n{proto}; {shape}; {bound}; {size}; medians of {o.repeat} run(s)\n"
         f"{_connections(result)}\n{where}"

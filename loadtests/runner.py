@@ -21,7 +21,7 @@ from typing import Any, Final
 
 import trio
 
-from loadtests import gcstats, gobackend, processes, soak
+from loadtests import cpuquota, gcstats, gobackend, processes, soak
 from loadtests.client import ConnectionLostError, Endpoint, H2Connection, client_context
 from loadtests.drive import (
     Segment,
@@ -119,6 +119,8 @@ class Options:
     backend: str = "python"  # "go": the compiled backend (loadtests.gobackend) instead of the Python fleet
     # The measured server (gateway, baseline, nginx) on the last CPU, everything else on the others.
     pin: bool = False
+    # The measured server (gateway, baseline, nginx) on this share of a CPU each (``loadtests.cpuquota``).
+    gateway_cpu: float | None = None
 
 
 Step = tuple[bytes, ReviewTemplate, Expectation | None]
@@ -756,6 +758,15 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
             stack.callback(processes.pin, os.getpid(), os.sched_getaffinity(0))
             processes.pin(os.getpid(), other_cpus)
         tmp = stack.enter_context(_tempdir())
+        # Each measured server's CPU share: made before them, removed after them.
+        quotas = (
+            {
+                n: stack.enter_context(cpuquota.cpu_quota(n, opts.gateway_cpu))
+                for n in ("gateway", "baseline", "nginx")
+            }
+            if opts.gateway_cpu is not None and not opts.target
+            else {}
+        )
         certs = processes.Certs.create(tmp, opts.key_type) if opts.tls and not opts.target else None
         ca_pem = opts.target_ca if opts.target else (certs.ca_pem if certs else None)
         ctx = client_context(ca_pem, opts.protocol, opts.insecure) if (opts.tls or opts.target) else None
@@ -864,6 +875,13 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
             direct_workload(scenario, nginx_endpoint, direct_path, templates) if nginx_endpoint else None
         )
         nginx_pid = _pid_of(tmp / "nginx" / "nginx.pid") if nginx_endpoint else None
+        for name, pid in (
+            ("gateway", gateway.pid if gateway else None),
+            ("baseline", baseline.pid if baseline else None),
+            ("nginx", nginx_pid),
+        ):
+            if name in quotas and pid is not None:
+                cpuquota.join(quotas[name], pid)
         profiling = _Profiling(opts.profile, opts.duration)
         churn = None
         if opts.reload_every and gateway is not None:

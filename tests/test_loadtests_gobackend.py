@@ -337,6 +337,18 @@ def test_pin_places_every_process_it_starts(
             "--pin needs 2 CPUs or more to split (this process may use 1)",
             id="--pin refuses a machine with one CPU",
         ),
+        pytest.param(
+            ["passthrough", "--gateway-cpu", "0.5", "--target", "https://127.0.0.1:1/validate"],
+            "",
+            "--gateway-cpu limits the processes this run starts (not --target)",
+            id="--gateway-cpu refuses a target it does not start",
+        ),
+        pytest.param(
+            ["passthrough", "--gateway-cpu", "0", "--duration", "1"],
+            "",
+            "--gateway-cpu 0: give a share of CPUs between 0.01 and 64",
+            id="--gateway-cpu refuses a share of 0",
+        ),
     ],
 )
 async def test_refusals_exit_2_with_one_line_before_any_work(
