@@ -265,7 +265,51 @@ async def test_a_dial_its_client_closed_while_it_waited_at_the_gate_costs_no_han
         await sock.send(hello)
         sock.close()  # FIN: nothing unread on this side
     with trio.fail_after(20):
-        while gw.counter("handshakes_abandoned") < count - 1:
+        while (
+            gw.counter("handshakes_abandoned", "gate") + gw.counter("handshakes_abandoned", "accept_queue")
+            < count - 1
+        ):
             await trio.sleep(0.01)
     busy.cancel()
     assert gw.counter("inbound_closed", "handshake_timeout") == 0
+
+
+async def test_dials_given_up_in_the_kernels_queue_are_dropped_at_accept_not_queued_at_the_gate(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """While accepting is paused, client-go gives up dials it no longer needs, in the kernel's accept
+    queue (first in, first out). Each would take the place at the gate and an admission (10 ms here:
+    the loop is never idle), ahead of the live dials behind it; instead accept finds the client's FIN
+    and drops it at once, counted at ``accept_queue``. Ten live dials (their handshakes never
+    finish) keep accepting paused for ~100 ms before the given-up ones are reached."""
+    gw, _ = await _tls_gateway(nursery, tmp_path, "--handshake-burst", "1", "--max-waiting-handshakes", "1")
+    busy = trio.CancelScope()
+
+    async def spin() -> None:
+        while True:
+            await trio.lowlevel.checkpoint()
+
+    nursery.start_soon(lambda: _within(busy, spin))
+    hello = _client_hello()
+    live = []
+    for _ in range(10):
+        sock = trio.socket.socket()
+        await sock.connect(("127.0.0.1", gw.port))
+        await sock.send(hello)
+        live.append(sock)
+    count = 20
+    for _ in range(count):
+        sock = trio.socket.socket()
+        await sock.connect(("127.0.0.1", gw.port))
+        await sock.send(hello)
+        sock.close()  # given up: FIN, while it waits in the kernel's queue
+    with trio.fail_after(20):
+        while (
+            gw.counter("handshakes_abandoned", "accept_queue") + gw.counter("handshakes_abandoned", "gate")
+            < count
+        ):
+            await trio.sleep(0.01)
+    busy.cancel()
+    for sock in live:
+        sock.close()
+    assert gw.counter("handshakes_abandoned", "accept_queue") == count

@@ -416,9 +416,10 @@ class Metrics:
         )  # fmt: skip
         self.handshakes_abandoned = _counter(
             "inbound_handshakes_abandoned_total",
-            "TLS handshakes not computed because the client had closed the connection while its "
-            "handshake waited behind the established connections (a dial its caller gave up).",
-            (),
+            "TLS handshakes not computed because the client had closed the connection (a dial its "
+            "caller gave up) while it waited, per where: accept_queue (the kernel's accept queue, "
+            "while accepting was paused), gate (behind the established connections).",
+            ("where",),
         )  # fmt: skip
         self.accept_paused = _counter(
             "inbound_accept_paused_seconds_total",
@@ -501,7 +502,8 @@ class Metrics:
             self.inbound_closed.labels(reason)
         for reason in ("limit", "accept_error"):
             self.inbound_rejected.labels(reason)
-        self.handshakes_abandoned.labels()
+        for where in ("accept_queue", "gate"):
+            self.handshakes_abandoned.labels(where)
         self.accept_paused.labels()
         for reason in ("flood", "drain"):
             self.h2_goaways.labels(reason)

@@ -388,10 +388,11 @@ class Observability:
         if self.prometheus is not None:
             self.prometheus.h2_goaway(reason)
 
-    def handshake_abandoned(self) -> None:
-        """A dial's client closed it while its handshake waited for the event loop (counted only)."""
+    def handshake_abandoned(self, where: str) -> None:
+        """A dial's client closed it before its handshake was computed, while it waited ``where``:
+        ``accept_queue`` (the kernel's, accepting paused) or ``gate`` (for the event loop)."""
         if self.prometheus is not None:
-            self.prometheus.handshakes_abandoned.labels().value += 1
+            self.prometheus.handshakes_abandoned.labels(where).value += 1
 
     def accept_paused(self, seconds: float) -> None:
         """The listener accepted nothing for ``seconds``: handshakes waited for the event loop."""

@@ -177,7 +177,7 @@ class InboundEvents(Protocol):
 
     def h2_goaway(self, reason: str) -> None: ...
 
-    def handshake_abandoned(self) -> None: ...
+    def handshake_abandoned(self, where: str) -> None: ...
 
     def accept_paused(self, seconds: float) -> None: ...
 
@@ -192,7 +192,7 @@ class NullEvents:
     def h2_goaway(self, reason: str) -> None:
         pass
 
-    def handshake_abandoned(self) -> None:
+    def handshake_abandoned(self, where: str) -> None:
         pass
 
     def accept_paused(self, seconds: float) -> None:

@@ -50,7 +50,7 @@ import trio.testing
 from gateway.server.limits import InboundLimits
 from gateway.wire.tls_stream import TLSSocketStream
 
-__all__ = ["ABANDONED", "HandshakeGate", "PendingConnection"]
+__all__ = ["ABANDONED", "HandshakeGate", "PendingConnection", "client_gone", "reset"]
 
 # ``PendingConnection.establish``'s reason for a connection whose client closed it while its
 # handshake waited at the gate (not a limit reached: counted apart).
@@ -114,7 +114,7 @@ class PendingConnection:
                     await trio.lowlevel.wait_readable(self.sock)  # the first bytes of a request
                     return trio.SocketStream(trio.socket.from_stdlib_socket(self.sock)), ""
                 await _client_hello(self.sock)
-                if gate is not None and await gate.admit() and _client_gone(self.sock):
+                if gate is not None and await gate.admit() and client_gone(self.sock):
                     self._reset()  # behind the established connections' work, too long for its client
                     return None, ABANDONED
                 self.stream = TLSSocketStream(self.sock, tls_context(), server_side=True)
@@ -152,17 +152,21 @@ class PendingConnection:
         sock.close()
 
     def _reset(self) -> None:
-        sock = self.stream.socket if self.stream is not None else self.sock
-        with contextlib.suppress(OSError):
-            sock.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_LINGER, _LINGER_RESET)
-        if self.stream is not None:
-            self.stream.socket.close()
-        else:
-            self.sock.close()
+        reset(self.stream.socket if self.stream is not None else self.sock)
 
 
-def _client_gone(sock: stdlib_socket.socket) -> bool:
-    """True if the client has closed its side (FIN or reset): ``POLLRDHUP`` without reading."""
+def reset(sock: stdlib_socket.socket) -> None:
+    """Close with a reset (no FIN, no TIME_WAIT): the connection never said anything worth more."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_LINGER, _LINGER_RESET)
+    sock.close()
+
+
+def client_gone(sock: stdlib_socket.socket) -> bool:
+    """True if the client has closed its side (FIN or reset): ``POLLRDHUP`` without reading.
+
+    Asked of a dial that waited (at the gate, or in the kernel's accept queue while accepting was
+    paused): client-go cancels the dials no review waits for any more."""
     poller = select.poll()
     poller.register(sock, select.POLLRDHUP)
     return bool(poller.poll(0))

@@ -32,11 +32,9 @@ certificate rotation, draining and termination over real sockets).
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import socket as stdlib_socket
 import ssl
-import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -48,13 +46,15 @@ from hypercorn.typing import ConnectionState
 from hypercorn.utils import parse_socket_addr, repr_socket_addr
 
 from gateway.server.hypercorn.config import runtime_of
-from gateway.server.hypercorn.handshake import ABANDONED, HandshakeGate, PendingConnection
+from gateway.server.hypercorn.handshake import ABANDONED, HandshakeGate, PendingConnection, client_gone, reset
 from gateway.server.hypercorn.tcp_server import GatewayTCPServer
 from gateway.server.hypercorn.watchdog import Deadlines
 from gateway.server.limits import ACCEPT_CAPACITY_ERRNOS, InboundRuntime
 
 # Connections accepted in one pass of the run loop, at most (then the other tasks run).
 _ACCEPT_BATCH = 16
+# ... and connections taken from the kernel's queue, dials given up there included.
+_ACCEPT_EXAMINED = 8 * _ACCEPT_BATCH
 
 # A connection that went away between the kernel's accept queue and accept(): not our problem.
 _ACCEPT_IGNORED = frozenset(
@@ -130,7 +130,10 @@ async def _accept_loop(
     It accepts what the kernel's queue holds, up to ``_ACCEPT_BATCH`` connections per pass of the
     run loop, then lets the other tasks run; while ``runtime.accept_room`` handshakes wait for the
     event loop (``HandshakeGate``), it accepts none, and in one pass at most as many as would fill
-    that room (the ones accepted in a pass reach the gate only once their tasks run).
+    that room (the ones accepted in a pass reach the gate only once their tasks run). A TLS dial
+    whose client closed it while it waited in the kernel's queue (client-go cancels the dials it
+    no longer needs) is reset at accept and counted, taking no place at the gate: the queue is
+    first in, first out, and live dials wait behind the given-up ones.
     """
     backoff = 0.0
     room = runtime.accept_room
@@ -143,7 +146,9 @@ async def _accept_loop(
                 await gate.room(room)
                 runtime.events.accept_paused(trio.current_time() - paused)
             batch = min(batch, room - gate.waiting)
-        for _ in range(batch):
+        taken = examined = 0
+        while taken < batch and examined < _ACCEPT_EXAMINED:
+            examined += 1
             try:
                 sock, peer = listener.accept()
             except BlockingIOError:
@@ -160,9 +165,14 @@ async def _accept_loop(
                 raise
             backoff = 0.0
             sock.setblocking(False)
-            if not runtime.admit():
-                _refuse(sock)
+            if room and gate is not None and client_gone(sock):  # a TLS dial given up in the queue
+                reset(sock)
+                runtime.events.handshake_abandoned("accept_queue")
                 continue
+            if not runtime.admit():
+                reset(sock)  # refused: a reset, so that it costs no TIME_WAIT here
+                continue
+            taken += 1
             pending = PendingConnection(sock, trio.current_time(), peer)
             evicted = runtime.begin_pending(pending)  # counted from accept, not from when its task runs
             if evicted is not None:
@@ -185,7 +195,7 @@ async def _serve_connection(
         runtime.end_pending(pending)
     if stream is None:
         if reason == ABANDONED:
-            runtime.events.handshake_abandoned()
+            runtime.events.handshake_abandoned("gate")
         elif reason:
             runtime.events.connection_closed(reason)
         runtime.closed()
@@ -193,10 +203,3 @@ async def _serve_connection(
     server = connection(stream, pending.peer)
     server.opened = pending.opened
     await server.run()
-
-
-def _refuse(sock: stdlib_socket.socket) -> None:
-    """Close at once with a reset, so that the refused connection costs no TIME_WAIT here."""
-    with contextlib.suppress(OSError):
-        sock.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_LINGER, struct.pack("ii", 1, 0))
-    sock.close()
