@@ -919,6 +919,14 @@ class Metrics:
         """An inbound connection was refused at accept."""
         self.inbound_rejected.labels(reason).value += 1
 
+    def inbound_handshake_abandoned(self, where: str) -> None:
+        """A dial's client closed it before its handshake was computed (``where`` it waited)."""
+        self.handshakes_abandoned.labels(where).value += 1
+
+    def inbound_accept_paused(self, seconds: float) -> None:
+        """The listener accepted nothing for ``seconds``: handshakes waited for the event loop."""
+        self.accept_paused.labels().value += seconds
+
     def h2_goaway(self, reason: str) -> None:
         self.h2_goaways.labels(reason).value += 1
 

@@ -392,12 +392,12 @@ class Observability:
         """A dial's client closed it before its handshake was computed, while it waited ``where``:
         ``accept_queue`` (the kernel's, accepting paused) or ``gate`` (for the event loop)."""
         if self.prometheus is not None:
-            self.prometheus.handshakes_abandoned.labels(where).value += 1
+            self.prometheus.inbound_handshake_abandoned(where)
 
     def accept_paused(self, seconds: float) -> None:
         """The listener accepted nothing for ``seconds``: handshakes waited for the event loop."""
         if self.prometheus is not None:
-            self.prometheus.accept_paused.labels().value += seconds
+            self.prometheus.inbound_accept_paused(seconds)
 
     def certificate_reloaded(self, ok: bool) -> None:
         if self.prometheus is not None:

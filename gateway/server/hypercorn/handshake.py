@@ -23,9 +23,10 @@ Reasons (limits; docs/inbound.md, "Connections that are not established yet"):
   crypto waits for a token, and tokens come back when the event loop has run everything else;
   waiting handshakes go oldest first. While ``--max-waiting-handshakes`` wait, the listener stops
   accepting (``HandshakeGate.room``): further dials wait in the kernel's accept queue.
-- **A dial its client gave up is not computed.** A handshake that waited at the gate first checks
-  that its client has not closed the connection meanwhile (client-go cancels the dials no request
-  waits for any more): ~0.3 ms of crypto saved per dial given up, counted as abandoned.
+- **A dial its client gave up is not computed.** A TLS connection is checked for its client's FIN
+  or reset when it is accepted (the listener) and again after it waited at the gate
+  (``client_gone``; client-go cancels the dials no request waits for any more): ~0.3 ms of crypto
+  saved per dial given up, counted as abandoned.
 
 Byte-level tests: tests/test_server_inbound.py (stalled connections, the bound and its eviction,
 the deadline, over real sockets) and tests/test_server_memory.py (their cost, through a real
@@ -255,9 +256,7 @@ class HandshakeGate:
     costs the gateway nothing and its client may still give it up, instead of being accepted,
     queued here, and reset at its deadline: a reset dial fails the caller's review when no other
     connection frees up for it, a dial left waiting does not (docs/inbound.md). Being short, it is
-    served first come, first served, so no handshake waits longer than that many admissions
-    (newest first, kept while the queue was unbounded, starved the oldest past
-    ``--handshake-timeout`` as long as new dials kept coming).
+    served first come, first served, so no handshake waits longer than that many admissions.
     """
 
     __slots__ = ("_burst", "_max_delay", "_room", "_tokens", "_waiters", "_wake", "running")
