@@ -159,6 +159,78 @@ async def test_flow_control_large_bodies(nursery: trio.Nursery) -> None:
     assert server.requests[0].body == body
 
 
+class _Wakeups(trio.abc.Instrument):
+    """Counts how often each task named ``name`` is scheduled to run."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.count = 0
+
+    def task_scheduled(self, task: trio.lowlevel.Task) -> None:
+        if task.name.endswith(self.name):
+            self.count += 1
+
+
+@pytest.mark.parametrize(
+    "cancel_one",
+    [
+        pytest.param(
+            False,
+            id="calls waiting for the send window are woken once each, in turn, not all at every window update",
+        ),
+        pytest.param(
+            True,
+            id="a call cancelled while it waits for the send window is reset and the others still get their turn",
+        ),
+    ],
+)
+async def test_send_window_waiters_take_turns(nursery: trio.Nursery, cancel_one: bool) -> None:
+    """40 calls with 32 KiB bodies on one connection whose window takes two: each waits its turn.
+
+    Waking every waiter at every WINDOW_UPDATE (all but one park again) cost the gateway's loop a
+    quarter of its CPU when a busy backend's window ran out under a burst: waiters x updates."""
+    server = await start(nursery, hold_window=True)
+    calls = 40
+    wakeups = _Wakeups("window_call")
+    trio.lowlevel.add_instrument(wakeups)
+    statuses: list[int] = []
+    try:
+        async with ClientPool(max_connections_per_origin=1, h2c_prior_knowledge=True) as pool:
+
+            async def window_call(index: int) -> None:
+                body = b"%03d" % index + b"z" * (32 * 1024)
+                response = await pool.post(target(server.url("/")), body=body, timeout_seconds=10)
+                statuses.append(response.status)
+
+            async with trio.open_nursery() as group:
+                for index in range(calls):
+                    group.start_soon(window_call, index)
+                if cancel_one:
+                    doomed = trio.CancelScope()
+
+                    async def waiting_then_cancelled() -> None:
+                        with doomed:
+                            await pool.post(target(server.url("/")), body=b"c" * 65536, timeout_seconds=10)
+
+                    group.start_soon(waiting_then_cancelled)
+                    await trio.testing.wait_all_tasks_blocked()
+                    doomed.cancel()
+                await trio.testing.wait_all_tasks_blocked()
+                server.gate.set()  # the backend acknowledges what it received: the window opens
+    finally:
+        trio.lowlevel.remove_instrument(wakeups)
+    assert statuses == [200] * calls
+    assert sorted(r.body[:3] for r in server.requests if not r.body.startswith(b"c")) == [
+        b"%03d" % i for i in range(calls)
+    ]
+    assert not any(r.body.startswith(b"c") for r in server.requests)
+    assert len(server.resets) == int(cancel_one)
+    # A call that never waits for window is scheduled ~3 times (start, its stream, its reply); its
+    # turn at the window adds one. Woken at every update to look for itself, it was ~25 (and grew
+    # with the number waiting).
+    assert wakeups.count <= 5 * calls, wakeups.count
+
+
 async def test_oversize_reply_resets_only_its_stream(nursery: trio.Nursery) -> None:
     """TRN-12: past max_response_bytes the stream is reset; the connection keeps serving."""
     server = await start(nursery)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
 
 import trio
@@ -39,13 +40,15 @@ _wait_task_rescheduled = trio.lowlevel.wait_task_rescheduled
 
 
 class _Call(h2wire.Stream):
-    """One call's stream, and the task parked on it (if any)."""
+    """One call's stream, the task parked on it (if any), and the body the send windows have not
+    taken yet (while it waits its turn in the connection's ``_window_waiters``)."""
 
-    __slots__ = ("task",)
+    __slots__ = ("task", "unsent")
 
     def __init__(self, limit: int) -> None:
         super().__init__(limit)
         self.task: trio.lowlevel.Task | None = None
+        self.unsent: memoryview | None = None
 
     def forget(self, _: object) -> trio.lowlevel.Abort:
         """The abort of a parked call (cancelled): it just forgets the task."""
@@ -80,7 +83,10 @@ class HTTP2Connection:
         self._writer: trio.lowlevel.Task | None = None  # the writer task while it waits for output
         # TLS streams can write without waiting (``_flush_now``); other streams always use the writer.
         self._send_now = stream.send_now if isinstance(stream, TLSSocketStream) else None
-        self._window_waiters: list[_Call] = []
+        # Calls whose body waits for send window, first come first served: the reader frames their
+        # rest itself when a WINDOW_UPDATE arrives (``_send_waiting``) and wakes each once it is all
+        # queued. Calls that ended while waiting stay until they reach the front.
+        self._window_waiters: deque[_Call] = deque()
         # Calls with a deadline, earliest first (calls that ended stay until they reach the top,
         # or until the heap is compacted in ``_bound``); the timer sleeps in ``_deadline_scope``.
         self._deadlines: list[tuple[float, int, _Call]] = []
@@ -197,7 +203,8 @@ class HTTP2Connection:
                 if isinstance(event, _Call):
                     _wake(event)
                 elif event is h2wire.WINDOW_OPENED:
-                    self._wake_window_waiters()
+                    if self._window_waiters:
+                        self._send_waiting()
                 elif event is h2wire.SETTINGS_CHANGED:
                     self._ready.set()
                     self._on_change()
@@ -301,9 +308,37 @@ class HTTP2Connection:
         self._on_change()
 
     def _wake_window_waiters(self) -> None:
-        waiters, self._window_waiters = self._window_waiters, []
+        waiters, self._window_waiters = self._window_waiters, deque()
         for call in waiters:
             _wake(call)
+
+    def _send_waiting(self) -> None:
+        """The send windows opened: frame the waiting bodies in turn while the connection window
+        lasts, waking each call whose body is all queued.
+
+        Speed: waking every waiter at each WINDOW_UPDATE to look at the window for itself cost
+        waiters × updates task switches, a quarter of the loop's CPU once a busy backend's window
+        ran out under a burst (tests/test_transport_http2.py counts the wake-ups)."""
+        waiters = self._window_waiters
+        core = self._core
+        for _ in range(len(waiters)):
+            if core.send_window <= 0:
+                return
+            call = waiters[0]
+            unsent = call.unsent
+            if unsent is None or call.done:  # answered, failed or cancelled while it waited
+                waiters.popleft()
+                _wake(call)
+                continue
+            sent = core.send_data(call, unsent, end_stream=True)
+            # All of it queued; or none although its stream had room: the stream was reset.
+            if sent == len(unsent) or (sent == 0 and call.send_window > 0):
+                call.unsent = None
+                waiters.popleft()
+                _wake(call)
+            else:  # its own stream's window ran out (or the connection's): the next one's turn
+                call.unsent = unsent[sent:]
+                waiters.rotate(-1)
 
     def _on_goaway(self) -> None:
         # The framer already failed the streams above last_stream_id (RetryableError: they were
@@ -361,20 +396,16 @@ class HTTP2Connection:
         return HTTPResponse(call.status, call.headers, call.response_body(), "HTTP/2")
 
     async def _send_body(self, call: _Call, body: bytes, offset: int) -> None:
-        """The rest of a body the send windows did not take at once (``request`` queued ``offset``)."""
-        core = self._core
-        view = memoryview(body)
-        while offset < len(body) and not call.done:  # answered or failed early: stop sending
-            if core.send_window_for(call) > 0:
-                offset += core.send_data(call, view[offset:], end_stream=True)
-                continue
-            self._flush()
-            self._window_waiters.append(call)
-            try:
+        """The rest of a body the send windows did not take at once (``request`` queued ``offset``):
+        it waits its turn behind the calls already waiting, and the reader frames it."""
+        call.unsent = memoryview(body)[offset:]
+        self._window_waiters.append(call)
+        self._flush()
+        try:
+            while call.unsent is not None and not call.done:  # answered or failed early: stop
                 await _park(call)
-            finally:
-                if call in self._window_waiters:  # cancelled while waiting: not woken, still listed
-                    self._window_waiters.remove(call)
+        finally:
+            call.unsent = None  # cancelled while it waited: ``_send_waiting`` drops it in turn
 
 
 def _cause_and_kind(error: TransportError) -> tuple[str, TransportErrorKind]:

@@ -15,6 +15,7 @@ Like upstream's ``webhook_server.go`` the server switches on the request path:
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import ssl
 import struct
@@ -86,6 +87,7 @@ class BackendServer:
     h2c: bool = False  # plaintext connections speak HTTP/2 (prior knowledge)
     max_concurrent_streams: int = 100
     goaway_after_streams: int | None = None  # first connection: GOAWAY(last = first stream) after n
+    hold_window: bool = False  # h2: received DATA is acknowledged (WINDOW_UPDATE) only once ``gate`` is set
     port: int = 0
     host: str = "127.0.0.1"  # any 127.0.0.x: several backends as the pods of one service
     connections: int = 0
@@ -240,6 +242,15 @@ class BackendServer:
         active: set[int] = set()
         partial: dict[int, tuple[dict[str, str], bytearray]] = {}
         held: list[SeenRequest] = []
+        unacked: list[tuple[int, int]] = []
+
+        async def acknowledge_after_gate() -> None:
+            await self.gate.wait()
+            for size, stream_id in unacked:
+                with contextlib.suppress(h2.exceptions.StreamClosedError):
+                    connection.acknowledge_received_data(size, stream_id)
+            unacked.clear()
+            await flush()
 
         async def flush() -> None:
             async with lock:
@@ -298,7 +309,14 @@ class BackendServer:
                         active.add(event.stream_id)
                         self.peak_streams = max(self.peak_streams, len(active))
                     elif isinstance(event, h2.events.DataReceived):
-                        connection.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                        if self.hold_window and not self.gate.is_set():
+                            if not unacked:
+                                nursery.start_soon(acknowledge_after_gate)
+                            unacked.append((event.flow_controlled_length, event.stream_id))
+                        else:
+                            connection.acknowledge_received_data(
+                                event.flow_controlled_length, event.stream_id
+                            )
                         partial[event.stream_id][1].extend(event.data)
                     elif isinstance(event, h2.events.StreamEnded):
                         headers, body = partial.pop(event.stream_id)
