@@ -1,7 +1,7 @@
 """CPU of the gateway's inbound server per new TLS connection, apart from any review.
 
     python benchmarks/bench_connection.py [--connections 2000] [--repeat 3] [--key-type ecdsa]
-                                          [--profile PATH.prof]
+                                          [--nginx] [--profile PATH.prof]
 
 The gateway's own listener (``gateway.server.hypercorn.listener.serve_inbound``, the code
 ``python -m gateway`` serves with) runs in a child process in front of a trivial ASGI app (200,
@@ -11,6 +11,11 @@ close), and all of them over keep-alive connections. Reported: the server proces
 system, ``/proc/PID/stat``) per request in each mode, and their difference — what a new connection
 costs beyond the request it carries — beside what the TLS handshake alone costs
 (``benchmarks/bench_tls_handshake.py``). Medians of the repeats.
+
+``--nginx`` measures nginx (Debian ``nginx-light``) the same way in the same run, with the same
+certificate and clients, answering ``200 ok`` itself (one worker, no session tickets: the
+client-go-like client never resumes, and the gateway sends none), and reports the gateway's cost
+of a new connection as a ratio to nginx's: the floor of any TLS server on this machine.
 
 ``--profile`` runs the server under cProfile during the per-connection phase (for where the time
 goes, not for the figures: cProfile inflates small calls).
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import shutil
 import socket
 import ssl
 import statistics
@@ -88,6 +94,26 @@ _SERVER = textwrap.dedent(
     """
 )
 
+_NGINX_CONF = """daemon off;
+master_process off;
+worker_processes 1;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {dir}/body;
+    server {{
+        listen 127.0.0.1:{port} ssl;
+        ssl_certificate {cert};
+        ssl_certificate_key {key};
+        ssl_session_tickets off;
+        keepalive_requests 1000000;
+        location / {{ return 200 "ok"; }}
+    }}
+}}
+"""
+
 _REQUEST = b"POST /validate HTTP/1.1\r\nHost: gateway\r\nContent-Length: 2\r\n\r\n{}"
 
 
@@ -137,6 +163,58 @@ def _phase(pid: int, port: int, ca_pem: str, total: int, clients: int, *, per_co
     return (_cpu(pid) - before) * 1e6 / (each * clients)
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _measure(pid: int, port: int, ca_pem: str, args: argparse.Namespace, label: str) -> tuple[float, ...]:
+    """Medians of (new connection per request, keep-alive, difference) µs of ``pid``'s CPU."""
+    _phase(pid, port, ca_pem, 200, args.clients, per_connection=True)  # warm-up
+    rows = []
+    for _ in range(args.repeat):
+        fresh = _phase(pid, port, ca_pem, args.connections, args.clients, per_connection=True)
+        kept = _phase(pid, port, ca_pem, args.connections, args.clients, per_connection=False)
+        rows.append((fresh, kept, fresh - kept))
+        print(
+            f"  {label}: new connection per request {fresh:7.0f} µs, keep-alive {kept:5.0f} µs, "
+            f"difference {fresh - kept:5.0f} µs",
+            flush=True,
+        )
+    return tuple(statistics.median(col) for col in zip(*rows, strict=True))
+
+
+def _nginx(
+    tmp: str, cert_path: str, key_path: str, args: argparse.Namespace, ca_pem: str
+) -> tuple[float, ...]:
+    exe = shutil.which("nginx") or "/usr/sbin/nginx"
+    if not os.path.exists(exe):
+        raise SystemExit("--nginx needs nginx (Debian nginx-light)")
+    directory = os.path.join(tmp, "nginx")
+    os.mkdir(directory)
+    port = _free_port()
+    conf = os.path.join(directory, "nginx.conf")
+    Path(conf).write_text(_NGINX_CONF.format(dir=directory, port=port, cert=cert_path, key=key_path))
+    proc = subprocess.Popen([exe, "-p", directory, "-c", conf, "-e", os.path.join(directory, "error.log")])  # noqa: S603
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            if proc.poll() is not None:
+                raise SystemExit(f"nginx exited: {Path(directory, 'error.log').read_text()[-500:]}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise SystemExit("nginx is not listening after 10 s") from None
+                time.sleep(0.05)
+        return _measure(proc.pid, port, ca_pem, args, "nginx  ")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--connections", type=int, default=2000)
@@ -144,6 +222,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--key-type", choices=("ecdsa", "rsa"), default="ecdsa")
     parser.add_argument("--profile", default="-", help="cProfile output of the server (per-connection phase)")
+    parser.add_argument("--nginx", action="store_true", help="also measure nginx, same run, same certificate")
     args = parser.parse_args()
 
     kind = trustme.KeyType.RSA if args.key_type == "rsa" else trustme.KeyType.ECDSA
@@ -164,31 +243,28 @@ def main() -> None:
                 time.sleep(0.05)
             port = int(Path(port_file).read_text())
             ca_pem = ca.cert_pem.bytes().decode()
-            if args.profile == "-":
-                _phase(server.pid, port, ca_pem, 200, args.clients, per_connection=True)  # warm-up
-            rows = []
-            for _ in range(args.repeat):
-                fresh = _phase(server.pid, port, ca_pem, args.connections, args.clients, per_connection=True)
-                if args.profile != "-":  # the profile is of new connections only
+            if args.profile != "-":  # the profile is of new connections only
+                for _ in range(args.repeat):
+                    fresh = _phase(
+                        server.pid, port, ca_pem, args.connections, args.clients, per_connection=True
+                    )
                     print(f"  new connection per request {fresh:7.0f} µs (under cProfile)")
-                    rows.append((fresh, 0.0, 0.0))
-                    continue
-                kept = _phase(server.pid, port, ca_pem, args.connections, args.clients, per_connection=False)
-                rows.append((fresh, kept, fresh - kept))
-                print(
-                    f"  new connection per request {fresh:7.0f} µs, keep-alive {kept:5.0f} µs, "
-                    f"difference {fresh - kept:5.0f} µs",
-                    flush=True,
-                )
+                return
+            fresh, kept, diff = _measure(server.pid, port, ca_pem, args, "gateway")
+            floor = _nginx(tmp, cert_path, key_path, args, ca_pem) if args.nginx else None
         finally:
             assert server.stdin is not None
             server.stdin.close()
             server.wait(timeout=30)
-    fresh, kept, diff = (statistics.median(col) for col in zip(*rows, strict=True))
     print(
         f"{args.key_type}: server CPU per request: new connection {fresh:.0f} µs, keep-alive {kept:.0f} µs; "
         f"a new connection costs {diff:.0f} µs (medians of {args.repeat})"
     )
+    if floor is not None:
+        print(
+            f"{args.key_type}: nginx: new connection {floor[0]:.0f} µs, keep-alive {floor[1]:.0f} µs; "
+            f"a new connection costs {floor[2]:.0f} µs; the gateway's = {diff / floor[2]:.2f}x nginx's"
+        )
 
 
 if __name__ == "__main__":
