@@ -24,13 +24,13 @@ import trio
 from gateway.cli import parse
 from gateway.devtools.backends import serve_backend
 from gateway.observability import Observability
-from gateway.server.gcgovernor import NEVER, GcGovernor, GcPolicy, GcReason
+from gateway.server.gcgovernor import GEN0_THRESHOLD, NEVER, GcGovernor, GcPolicy, GcReason
 from gateway.server.serve import Running, serve
 from tests.support.gateway import hook, write_config
 from tests.support.inbound import read_response, review_request
 
 MiB = 1 << 20
-POLICY = GcPolicy(quiet_seconds=0.1, min_young_collections=100, max_interval=300.0, max_growth_bytes=64 * MiB)
+POLICY = GcPolicy(quiet_seconds=0.1, min_young_collections=7, max_interval=300.0, max_growth_bytes=64 * MiB)
 
 
 def _governor(*, busy_at: float = 0.0, last_full_at: float = 0.0, lowest_rss: int = 100 * MiB) -> GcGovernor:
@@ -42,10 +42,10 @@ def _governor(*, busy_at: float = 0.0, last_full_at: float = 0.0, lowest_rss: in
 # (in flight now, last request read at, now, middle-generation collections since the last full one,
 #  RSS); the governor started at 0 s with 100 MiB resident.
 DECISIONS: list[Any] = [
-    pytest.param(0, -1.0, 10.0, 100, 100 * MiB, "quiet", id="quiet for longer than quiet_seconds and 100 young collections: a full collection"),
+    pytest.param(0, -1.0, 10.0, 7, 100 * MiB, "quiet", id="quiet for longer than quiet_seconds and 7 middle-generation collections (~700,000 allocations): a full collection"),
     pytest.param(1, -1.0, 10.0, 5_000, 100 * MiB, None, id="a request in flight: no full collection, however many young collections"),
     pytest.param(0, 9.95, 10.0, 5_000, 100 * MiB, None, id="a request read less than quiet_seconds ago: no full collection"),
-    pytest.param(0, -1.0, 10.0, 99, 100 * MiB, None, id="quiet, but fewer young collections than CPython's own threshold was: not worth a full collection"),
+    pytest.param(0, -1.0, 10.0, 6, 100 * MiB, None, id="quiet, but fewer allocations than CPython's own threshold was: not worth a full collection"),
     pytest.param(0, -1.0, 400.0, 0, 500 * MiB, None, id="nothing reached the oldest generation since the last full collection: none, whatever the bounds"),
     pytest.param(1, -1.0, 300.0, 1, 100 * MiB, "interval", id="busy, max_interval after the last full collection: a full collection all the same"),
     pytest.param(1, -1.0, 299.0, 1, 100 * MiB, None, id="busy, short of max_interval and of max_growth_bytes: no full collection"),
@@ -216,8 +216,8 @@ async def _young_collections(recorder: FullCollections, count: int) -> None:
     until = recorder.young + count
     batch: list[list[None]] = []
     while recorder.young < until:
-        for _ in range(10):
-            batch = [[] for _ in range(1_000)]  # type: ignore[misc]
+        # Each batch outgrows the youngest generation's threshold before the one before is freed.
+        batch = [[] for _ in range(2 * GEN0_THRESHOLD)]  # type: ignore[misc]
         await trio.sleep(0)
     del batch
 
@@ -230,8 +230,9 @@ async def test_no_full_collection_while_a_review_is_in_flight_and_one_once_the_g
     full_collections.app = running.app
     assert gc.get_freeze_count() > 0  # what start-up left alive is never scanned again
     answered = await _review_in_flight(nursery, running)
-    # Three times what made CPython collect in full before the governor (after 100 of them).
-    await _young_collections(full_collections, 300)
+    # Three times the allocations that made CPython collect in full before the governor (100
+    # middle-generation collections of 10 x 700 allocations each: 21 of 10 x 10,000).
+    await _young_collections(full_collections, 21)
     assert running.app.in_flight == 1
     assert full_collections.in_flight_at == []
     await answered.wait()
@@ -275,7 +276,8 @@ async def test_at_shutdown_the_governor_ends_and_gives_the_process_its_threshold
     async with trio.open_nursery() as nursery:
         backend = await nursery.start(partial(serve_backend))
         running = await _gateway(nursery, tmp_path, backend.url("/allow"), POLICY)
-        assert gc.get_threshold() == (700, 10, NEVER)  # CPython makes no full collection itself
+        # CPython makes no full collection itself, and a young one only every 10,000 allocations
+        assert gc.get_threshold() == (GEN0_THRESHOLD, 10, NEVER) == (10_000, 10, NEVER)
         running.shutdown()
         with trio.fail_after(20):
             while gc.get_threshold() != (700, 10, 10):
