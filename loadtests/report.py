@@ -307,8 +307,8 @@ def _phase_details(r: PhaseResult) -> list[str]:
             f"  connections: {c['opened']:,.0f} new ({_f(c['new_per_s'], '{:,.1f}')}/s, "
             f"{_f(c['per_review'], '{:.4f}')} handshakes per review, mean dial "
             f"{_f(c['dial_ms_mean'], '{:.1f}')} ms), {c['dial_errors']:,.0f} failed, peak "
-            f"{c['peak_open']:,.0f} open, closed: {c['closed_surplus']:,.0f} surplus idle, "
-            f"{c['closed_abandoned']:,.0f} abandoned, {c['closed_by_server']:,.0f} by the server"
+            f"{c['peak_open']:,.0f} open, closed: {_f(c['closed_surplus'], '{:,.0f}')} surplus idle, "
+            f"{c['closed_abandoned']:,.0f} abandoned, {_f(c['closed_by_server'], '{:,.0f}')} by the server"
         )
     if r.generator_cpu_us_per_review is not None:
         lag = (

@@ -453,6 +453,9 @@ class GoGenerator:
             dial_errors=result.stats.get("dial_errors", 0),
             reused=result.stats.get("reused", 0),
             closed_abandoned=result.stats.get("closed_abandoned", 0),
+            peak_open=result.stats.get("peak_open", 0),  # TCP connections, handshakes under way included
+            dial_seconds_total=result.stats.get("dial_us_total", 0) / 1e6,
+            unmeasured=("closed_surplus", "closed_by_server"),
         )
         stats.opened_at = [rec.started + t for t in result.dials]
         self._stats = stats

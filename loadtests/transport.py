@@ -78,6 +78,9 @@ class ConnectionStats:
     peak_open: int = 0
     dial_seconds_total: float = 0.0  # connect + handshake, summed over completed dials
     opened_at: list[float] = field(default_factory=list)  # when each dial completed (trio clock)
+    # Counters this generator cannot see (the Go caller: Go's transport closes surplus idle
+    # connections and notices a server's close itself): reported as "-", not as 0.
+    unmeasured: tuple[str, ...] = ()
 
     def reset(self) -> None:
         """Start counting afresh (the measured phase after its warm-up); ``open`` stays true."""
@@ -91,7 +94,9 @@ class ConnectionStats:
     def summary(self, seconds: float, reviews: int) -> dict[str, float]:
         """The counters, with new connections per second and per review (handshakes per review)."""
         out: dict[str, float] = {
-            name: float(getattr(self, name)) for name in self.__dataclass_fields__ if name != "opened_at"
+            name: math.nan if name in self.unmeasured else float(getattr(self, name))
+            for name in self.__dataclass_fields__
+            if name not in ("opened_at", "unmeasured")
         }
         out["new_per_s"] = self.opened / seconds if seconds > 0 else math.nan
         out["per_review"] = self.opened / reviews if reviews else math.nan

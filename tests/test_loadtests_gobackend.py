@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -259,6 +260,10 @@ def test_a_run_with_the_go_backend_and_the_go_caller_answers_every_review(tmp_pa
         assert row["ok"] > 50 and row["errors"] == {} and row["late"] == 0, (name, row)
         assert row["backend_cpu_us_per_review"] > 0, "the Go backend's CPU is reported per review"
     assert "Go backend (loadtests/gobackend)" in proc.stdout
+    # What Go's transport does not show the caller is "-", not 0: surplus closes, server closes.
+    assert re.search(r"peak \d+ open, closed: - surplus idle, \d+ abandoned, - by the server", proc.stdout), (
+        proc.stdout
+    )
 
 
 def _split() -> tuple[list[int], list[int]]:

@@ -97,6 +97,22 @@ async def test_reviews_that_find_no_idle_connection_each_dial_one_without_limit(
     assert len(result.dials) == 40
 
 
+@pytest.mark.parametrize(
+    ("path", "offsets", "timeout", "peak"),
+    [
+        pytest.param("/allow", [0.05 * i for i in range(10)], 5.0, 1, id="sequential reviews on one kept connection: 1 open at the peak"),
+        pytest.param("/sleep/200/allow", [0.0] * 40, 5.0, 40, id="40 reviews at once that each dial: 40 open at the peak"),
+        pytest.param("/sleep/400/allow", [0.0, 0.3, 0.6], 0.1, 1, id="a connection closed with its abandoned review counts out before the next dial: 1 at the peak"),
+    ],
+)  # fmt: skip
+async def test_the_peak_of_open_connections_and_the_dial_time_are_reported(
+    backend: tuple[BackendServer, Path], path: str, offsets: list[float], timeout: float, peak: int
+) -> None:
+    result = await caller(backend, path, timeout=timeout).open_loop(offsets)
+    assert result.stats["peak_open"] == peak
+    assert 0 < result.stats["dial_us_total"] < 5_000_000 * result.stats["opened"], result.stats
+
+
 async def test_a_closed_loop_keeps_its_callers_busy_for_its_seconds(
     backend: tuple[BackendServer, Path],
 ) -> None:

@@ -92,6 +92,33 @@ type caller struct {
 	proto  atomic.Value
 
 	dials, opened, dialErrors, reused, closedAbandoned atomic.Int64
+	open, peakOpen, dialMicros                         atomic.Int64 // TCP connections open now, the most at once, dial time of completed dials
+}
+
+// countedConn is a dialled TCP connection that counts itself out of caller.open when closed.
+type countedConn struct {
+	net.Conn
+	c    *caller
+	once sync.Once
+}
+
+func (k *countedConn) Close() error {
+	k.once.Do(func() { k.c.open.Add(-1) })
+	return k.Conn.Close()
+}
+
+// dial is the transport's DialContext: a net.Dialer's, with every connection counted while open.
+func (c *caller) dial(dialer *net.Dialer) func(context.Context, string, string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := dialer.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		now := c.open.Add(1)
+		for peak := c.peakOpen.Load(); now > peak && !c.peakOpen.CompareAndSwap(peak, now); peak = c.peakOpen.Load() {
+		}
+		return &countedConn{Conn: conn, c: c}, nil
+	}
 }
 
 func (c *caller) body(uid string) []byte {
@@ -123,6 +150,7 @@ func (c *caller) call(due time.Time, record bool) {
 	ctx, cancel := context.WithDeadline(context.Background(), due.Add(c.timeout))
 	defer cancel()
 	gotConn := false
+	var dialStarted time.Time // of the dial this review started, if any (its hooks run in turn)
 	trace := &httptrace.ClientTrace{
 		ConnectDone: func(_, _ string, err error) {
 			if record && err != nil {
@@ -130,6 +158,7 @@ func (c *caller) call(due time.Time, record bool) {
 			}
 		},
 		ConnectStart: func(string, string) {
+			dialStarted = time.Now()
 			if record {
 				c.dials.Add(1)
 			}
@@ -143,6 +172,9 @@ func (c *caller) call(due time.Time, record bool) {
 				return
 			}
 			c.opened.Add(1)
+			if !dialStarted.IsZero() {
+				c.dialMicros.Add(time.Since(dialStarted).Microseconds())
+			}
 			c.mu.Lock()
 			c.res.Dials = append(c.res.Dials, time.Since(c.origin).Seconds())
 			c.mu.Unlock()
@@ -297,8 +329,15 @@ func main() {
 		fail(fmt.Errorf("%s: no UID %s to replace", *bodyPath, placeholder))
 	}
 	// client-go's webhook transport: utilnet.SetTransportDefaults over this http.Transport.
+	c := &caller{
+		url:     *url,
+		prefix:  parts[0],
+		suffix:  parts[1],
+		timeout: time.Duration(*timeout * float64(time.Second)),
+		res:     &result{Errors: map[string]int{}, Dials: []float64{}, DialErrors: map[string]int{}},
+	}
 	transport := &http.Transport{
-		DialContext:         (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:         c.dial(&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}),
 		TLSClientConfig:     &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12},
 		TLSHandshakeTimeout: 10 * time.Second,
 		MaxIdleConnsPerHost: *maxIdle,
@@ -308,14 +347,7 @@ func main() {
 	if !*http2 {
 		transport.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
 	}
-	c := &caller{
-		client:  &http.Client{Transport: transport},
-		url:     *url,
-		prefix:  parts[0],
-		suffix:  parts[1],
-		timeout: time.Duration(*timeout * float64(time.Second)),
-		res:     &result{Errors: map[string]int{}, Dials: []float64{}, DialErrors: map[string]int{}},
-	}
+	c.client = &http.Client{Transport: transport}
 	if *warmup > 0 {
 		closedLoop(c, 8, *warmup, false)
 	}
@@ -341,7 +373,8 @@ func main() {
 	}
 	u0, s0 := cpuSeconds()
 	c.origin = time.Now()
-	fmt.Println("measuring") // the Python side takes its own readings from here
+	c.peakOpen.Store(c.open.Load()) // the measured phase's peak: from what the warm-up left open
+	fmt.Println("measuring")        // the Python side takes its own readings from here
 	if *cpuProfile != "" {
 		pf, err := os.Create(*cpuProfile)
 		fail(err)
@@ -363,6 +396,8 @@ func main() {
 		"dial_errors":      int(c.dialErrors.Load()),
 		"reused":           int(c.reused.Load()),
 		"closed_abandoned": int(c.closedAbandoned.Load()),
+		"peak_open":        int(c.peakOpen.Load()),
+		"dial_us_total":    int(c.dialMicros.Load()),
 	}
 	c.res.HTTP2 = *http2
 	if p, ok := c.proto.Load().(string); ok {
