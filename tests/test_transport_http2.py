@@ -231,6 +231,25 @@ async def test_send_window_waiters_take_turns(nursery: trio.Nursery, cancel_one:
     assert wakeups.count <= 5 * calls, wakeups.count
 
 
+async def test_calls_given_up_while_the_send_window_stays_shut_are_not_kept(nursery: trio.Nursery) -> None:
+    """A backend that never opens its window: three waves of 20 calls wait for it and are given up
+    (their deadline; each body is larger than the whole window). What the connection holds for its waiters stays bounded by the calls still
+    waiting, not by every call ever given up (bound everything: a stuck backend is long-lived)."""
+    server = await start(nursery, hold_window=True)  # its gate is never set: no WINDOW_UPDATE
+    async with ClientPool(max_connections_per_origin=1, h2c_prior_knowledge=True) as pool:
+        for _ in range(3):
+            async with trio.open_nursery() as wave:
+                for _ in range(20):
+                    wave.start_soon(_given_up, pool, server)
+            assert "waiting=" not in repr(pool), repr(pool)
+        assert len(server.resets) >= 40  # each given-up call reset its stream
+
+
+async def _given_up(pool: ClientPool, server: BackendServer) -> None:
+    with pytest.raises(TransportTimeout):
+        await pool.post(target(server.url("/")), body=b"w" * 70_000, timeout_seconds=0.2)
+
+
 async def test_oversize_reply_resets_only_its_stream(nursery: trio.Nursery) -> None:
     """TRN-12: past max_response_bytes the stream is reset; the connection keeps serving."""
     server = await start(nursery)

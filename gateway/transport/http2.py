@@ -85,8 +85,10 @@ class HTTP2Connection:
         self._send_now = stream.send_now if isinstance(stream, TLSSocketStream) else None
         # Calls whose body waits for send window, first come first served: the reader frames their
         # rest itself when a WINDOW_UPDATE arrives (``_send_waiting``) and wakes each once it is all
-        # queued. Calls that ended while waiting stay until they reach the front.
+        # queued. Calls given up while waiting stay until they reach the front, or until they are
+        # half of the queue (``_given_up``): a window that never opens cannot make it grow.
         self._window_waiters: deque[_Call] = deque()
+        self._window_given_up = 0  # calls in ``_window_waiters`` that no longer wait
         # Calls with a deadline, earliest first (calls that ended stay until they reach the top,
         # or until the heap is compacted in ``_bound``); the timer sleeps in ``_deadline_scope``.
         self._deadlines: list[tuple[float, int, _Call]] = []
@@ -111,7 +113,9 @@ class HTTP2Connection:
             state = "GOAWAY"
         else:
             state = "ACTIVE" if self.reserved else "IDLE"
-        return f"<HTTP2Connection {self.label} {state} streams={self.reserved} requests={self.requests}>"
+        waiting = f" waiting={len(self._window_waiters)}" if self._window_waiters else ""  # for window
+        counts = f"streams={self.reserved} requests={self.requests}{waiting}"
+        return f"<HTTP2Connection {self.label} {state} {counts}>"
 
     # --- what the pool asks -------------------------------------------------------------------
 
@@ -309,8 +313,17 @@ class HTTP2Connection:
 
     def _wake_window_waiters(self) -> None:
         waiters, self._window_waiters = self._window_waiters, deque()
+        self._window_given_up = 0
         for call in waiters:
             _wake(call)
+
+    def _given_up(self) -> None:
+        """A call left ``_window_waiters`` without its turn (cancelled, or answered or failed
+        first): once such calls are half of the queue, drop them all (amortised O(1) each)."""
+        self._window_given_up += 1
+        if 2 * self._window_given_up > len(self._window_waiters):
+            self._window_waiters = deque(call for call in self._window_waiters if call.unsent is not None)
+            self._window_given_up = 0
 
     def _send_waiting(self) -> None:
         """The send windows opened: frame the waiting bodies in turn while the connection window
@@ -326,7 +339,12 @@ class HTTP2Connection:
                 return
             call = waiters[0]
             unsent = call.unsent
-            if unsent is None or call.done:  # answered, failed or cancelled while it waited
+            if unsent is None:  # given up while it waited (``_given_up`` counted it)
+                waiters.popleft()
+                self._window_given_up -= 1
+                continue
+            if call.done:  # answered or failed while it waited: nothing more to send
+                call.unsent = None
                 waiters.popleft()
                 _wake(call)
                 continue
@@ -405,7 +423,10 @@ class HTTP2Connection:
             while call.unsent is not None and not call.done:  # answered or failed early: stop
                 await _park(call)
         finally:
-            call.unsent = None  # cancelled while it waited: ``_send_waiting`` drops it in turn
+            if call.unsent is not None:  # still listed: cancelled, or answered or failed first
+                call.unsent = None
+                if not self.closed:
+                    self._given_up()
 
 
 def _cause_and_kind(error: TransportError) -> tuple[str, TransportErrorKind]:
