@@ -7,7 +7,9 @@ checked through the real gateway over real TLS sockets.
 
 from __future__ import annotations
 
+import socket
 import ssl
+import struct
 from pathlib import Path
 
 import pytest
@@ -313,3 +315,48 @@ async def test_dials_given_up_in_the_kernels_queue_are_dropped_at_accept_not_que
     for sock in live:
         sock.close()
     assert gw.counter("handshakes_abandoned", "accept_queue") == count
+
+
+async def _reset_after_the_servers_flight(port: int) -> None:
+    """A ClientHello, the gateway's answer to it read (its part of the crypto is spent), then a reset:
+    a dial its caller gave up while the handshake was under way."""
+    sock = trio.socket.socket()
+    await sock.connect(("127.0.0.1", port))
+    await sock.send(_client_hello())
+    assert await sock.recv(65536), "the gateway answered the ClientHello"
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+async def _plaintext_to_the_tls_port(port: int) -> None:
+    """An HTTP request where a ClientHello belongs: TLS refuses it (and says so before closing)."""
+    sock = trio.socket.socket()
+    await sock.connect(("127.0.0.1", port))
+    await sock.send(b"POST /validate HTTP/1.1\r\nhost: gateway\r\ncontent-length: 0\r\n\r\n")
+    while await sock.recv(65536):
+        pass
+    sock.close()
+
+
+@pytest.mark.parametrize(
+    ("client", "reason"),
+    [
+        pytest.param(_reset_after_the_servers_flight, "client_gone", id="a client that resets after the gateway computed its part of the handshake is counted as client_gone"),
+        pytest.param(_plaintext_to_the_tls_port, "refused", id="a client that speaks no TLS is refused by TLS and counted as refused"),
+    ],
+)  # fmt: skip
+async def test_a_handshake_begun_that_does_not_complete_is_counted_by_why(
+    nursery: trio.Nursery, tmp_path: Path, client: object, reason: str
+) -> None:
+    """``webhook_gateway_inbound_handshakes_failed_total{reason}``: the crypto a dial storm wastes
+    on dials their caller gave up too late, apart from handshakes TLS refused."""
+    gw, context = await _tls_gateway(nursery, tmp_path)
+    assert callable(client)
+    for _ in range(3):
+        await client(gw.port)
+    with trio.fail_after(20):  # a deadline for a broken count, not a measurement
+        while gw.counter("handshakes_failed", reason) < 3:
+            await trio.sleep(0.01)
+    assert await _tls_reviews(gw, context, 2) == [200, 200]  # completed handshakes count nothing
+    other = "refused" if reason == "client_gone" else "client_gone"
+    assert (gw.counter("handshakes_failed", reason), gw.counter("handshakes_failed", other)) == (3, 0)

@@ -421,6 +421,14 @@ class Metrics:
             "while accepting was paused), gate (behind the established connections).",
             ("where",),
         )  # fmt: skip
+        self.handshakes_failed = _counter(
+            "inbound_handshakes_failed_total",
+            "TLS handshakes the gateway began (its part of the crypto computed) that did not complete, "
+            "per reason: client_gone (the client closed or reset the connection meanwhile: a dial its "
+            "caller gave up too late), refused (TLS refused it: no common version or cipher, no or an "
+            "unverifiable client certificate, not TLS at all; an alert was sent).",
+            ("reason",),
+        )  # fmt: skip
         self.accept_paused = _counter(
             "inbound_accept_paused_seconds_total",
             "Seconds the gateway accepted no connection because --max-waiting-handshakes TLS "
@@ -473,7 +481,8 @@ class Metrics:
             self.reinvocations, self.call_duration, self.call_errors, self.review_duration,
             self.review_overhead, self.reviews_in_flight, self.config_generation, self.config_last_reload_ok,
             self.backend_timeout, self.serving_certificate_expiry,
-            self.inbound_closed, self.inbound_rejected, self.handshakes_abandoned, self.accept_paused,
+            self.inbound_closed, self.inbound_rejected, self.handshakes_abandoned, self.handshakes_failed,
+            self.accept_paused,
             self.h2_goaways, self.certificate_reloads,
             self.log_lines_dropped, self.gc_full_collections, self.gc_full_collection_seconds,
         )  # fmt: skip
@@ -504,6 +513,8 @@ class Metrics:
             self.inbound_rejected.labels(reason)
         for where in ("accept_queue", "gate"):
             self.handshakes_abandoned.labels(where)
+        for reason in ("client_gone", "refused"):
+            self.handshakes_failed.labels(reason)
         self.accept_paused.labels()
         for reason in ("flood", "drain"):
             self.h2_goaways.labels(reason)
@@ -922,6 +933,10 @@ class Metrics:
     def inbound_handshake_abandoned(self, where: str) -> None:
         """A dial's client closed it before its handshake was computed (``where`` it waited)."""
         self.handshakes_abandoned.labels(where).value += 1
+
+    def inbound_handshake_failed(self, reason: str) -> None:
+        """A TLS handshake the gateway began did not complete (``client_gone`` or ``refused``)."""
+        self.handshakes_failed.labels(reason).value += 1
 
     def inbound_accept_paused(self, seconds: float) -> None:
         """The listener accepted nothing for ``seconds``: handshakes waited for the event loop."""

@@ -394,6 +394,12 @@ class Observability:
         if self.prometheus is not None:
             self.prometheus.inbound_handshake_abandoned(where)
 
+    def handshake_failed(self, reason: str) -> None:
+        """A TLS handshake the gateway began did not complete: ``client_gone`` (the client closed or
+        reset meanwhile) or ``refused`` (TLS refused it)."""
+        if self.prometheus is not None:
+            self.prometheus.inbound_handshake_failed(reason)
+
     def accept_paused(self, seconds: float) -> None:
         """The listener accepted nothing for ``seconds``: handshakes waited for the event loop."""
         if self.prometheus is not None:

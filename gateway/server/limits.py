@@ -179,6 +179,8 @@ class InboundEvents(Protocol):
 
     def handshake_abandoned(self, where: str) -> None: ...
 
+    def handshake_failed(self, reason: str) -> None: ...
+
     def accept_paused(self, seconds: float) -> None: ...
 
 
@@ -193,6 +195,9 @@ class NullEvents:
         pass
 
     def handshake_abandoned(self, where: str) -> None:
+        pass
+
+    def handshake_failed(self, reason: str) -> None:
         pass
 
     def accept_paused(self, seconds: float) -> None:

@@ -51,11 +51,16 @@ import trio.testing
 from gateway.server.limits import InboundLimits
 from gateway.wire.tls_stream import TLSSocketStream
 
-__all__ = ["ABANDONED", "HandshakeGate", "PendingConnection", "client_gone", "reset"]
+__all__ = ["ABANDONED", "HANDSHAKE_FAILURES", "HandshakeGate", "PendingConnection", "client_gone", "reset"]
 
 # ``PendingConnection.establish``'s reason for a connection whose client closed it while its
 # handshake waited at the gate (not a limit reached: counted apart).
 ABANDONED: Final = "abandoned"
+# A handshake begun (the gateway's part of the crypto computed) that did not complete: the client
+# closed or reset the connection meanwhile, or TLS refused it.
+CLIENT_GONE: Final = "client_gone"
+REFUSED: Final = "refused"
+HANDSHAKE_FAILURES: Final = frozenset({CLIENT_GONE, REFUSED})
 
 # A TLS record header: content type (22: handshake), version (2 bytes), length (2 bytes).
 _RECORD_HEADER: Final = 5
@@ -122,11 +127,15 @@ class PendingConnection:
                 await self.stream.do_handshake()
                 return self.stream, ""
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                if self.stream is not None and isinstance(exc.__cause__, ssl.SSLError):
+                if self.stream is None:  # before the handshake: no crypto spent, nothing to count
+                    self._reset()
+                    return None, ""
+                cause = exc.__cause__
+                if isinstance(cause, ssl.SSLError):
                     await self._close_after_alert()  # refused by TLS: the client must see why
-                else:
-                    self._reset()  # the client went away or spoke no TLS: nothing to count
-                return None, ""
+                    return None, CLIENT_GONE if isinstance(cause, ssl.SSLEOFError) else REFUSED
+                self._reset()  # the client went away (reset) during the handshake
+                return None, CLIENT_GONE
         self._reset()
         if self.evicted:
             return None, "handshake_evicted"

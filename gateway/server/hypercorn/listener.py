@@ -46,7 +46,14 @@ from hypercorn.typing import ConnectionState
 from hypercorn.utils import parse_socket_addr, repr_socket_addr
 
 from gateway.server.hypercorn.config import runtime_of
-from gateway.server.hypercorn.handshake import ABANDONED, HandshakeGate, PendingConnection, client_gone, reset
+from gateway.server.hypercorn.handshake import (
+    ABANDONED,
+    HANDSHAKE_FAILURES,
+    HandshakeGate,
+    PendingConnection,
+    client_gone,
+    reset,
+)
 from gateway.server.hypercorn.tcp_server import GatewayTCPServer
 from gateway.server.hypercorn.watchdog import Deadlines
 from gateway.server.limits import ACCEPT_CAPACITY_ERRNOS, InboundRuntime
@@ -196,6 +203,8 @@ async def _serve_connection(
     if stream is None:
         if reason == ABANDONED:
             runtime.events.handshake_abandoned("gate")
+        elif reason in HANDSHAKE_FAILURES:
+            runtime.events.handshake_failed(reason)
         elif reason:
             runtime.events.connection_closed(reason)
         runtime.closed()
