@@ -20,6 +20,7 @@ documents every option, its default and why.
 from __future__ import annotations
 
 import errno
+import itertools
 import math
 import resource
 import time
@@ -39,6 +40,9 @@ DEFAULT_IDLE_TIMEOUT: Final = 120.0
 DEFAULT_WRITE_TIMEOUT: Final = 10.0
 DEFAULT_HANDSHAKE_TIMEOUT: Final = 5.0
 DEFAULT_FD_RESERVE: Final = 512
+# How far from the oldest pending connection eviction looks for one that still waits on its client:
+# those waiting on the gateway are the handshakes under way and at most ``accept_room`` at the gate.
+_EVICTION_LOOK: Final = 64
 # A server handshake's crypto is ~250 µs (ECDSA P-256; ~450 µs RSA 2048): one between two idle
 # moments of the event loop, or one per 10 ms when it is never idle. Driven by the kube-apiserver's
 # own client at 80 % of capacity, 1 beside 8 answered 23 % more with a third of the dials and a
@@ -303,10 +307,22 @@ class InboundRuntime:
             del self.flooders[next(iter(self.flooders))]
 
     def begin_pending(self, connection: Any) -> Any:
-        """Register a connection that is not established yet; the oldest one to evict, if full."""
+        """Register a connection that is not established yet; the one to evict, if full: the oldest
+        that still waits on its client (no whole ClientHello yet: a stalled connection), else the
+        oldest. Those that wait on the gateway are at most the handshakes under way and the few
+        waiting at the gate (``accept_room``), so a bounded look from the oldest finds one."""
         evicted = None
         if len(self.pending) >= self.max_pending:
-            evicted = next(iter(self.pending))
+            evicted = next(
+                (
+                    c
+                    for c in itertools.islice(self.pending, _EVICTION_LOOK)
+                    if not getattr(c, "waits_on_us", False)
+                ),
+                None,
+            )
+            if evicted is None:
+                evicted = next(iter(self.pending))
             del self.pending[evicted]
         self.pending[connection] = None
         return evicted

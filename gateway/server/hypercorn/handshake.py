@@ -12,9 +12,10 @@ Reasons (limits; docs/inbound.md, "Connections that are not established yet"):
   the task only then (``SO_RCVLOWAT``), not at every byte, and holds the bytes meanwhile. Measured
   in docs/inbound.md ("Memory"): 46 KB per stalled connection before, a few KB now.
 - **A bound of its own** (``InboundRuntime.max_pending``, ``--max-pending-connections``). When it
-  is full, the *oldest* pending connection is reset to make room for the new one: a well-behaved
-  client's handshake takes milliseconds, so an attacker who keeps the bound full only ever
-  evicts his own connections, where refusing new ones would refuse everybody's.
+  is full, the *oldest* pending connection that still waits on its client (no whole ClientHello)
+  is reset to make room for the new one: a well-behaved client sends its ClientHello at once, so
+  an attacker who keeps the bound full only ever evicts his own connections, where refusing new
+  ones would refuse everybody's; one whose ClientHello is in waits on the gateway instead.
 - **A deadline of its own** (``--handshake-timeout``), and a reset (no FIN, no TIME_WAIT) for a
   connection cut here: it never said anything worth a graceful close. A handshake that TLS
   refuses is the exception: its alert is what tells the client why, so it gets a FIN after it.
@@ -74,7 +75,7 @@ _LINGER_RESET: Final = struct.pack("ii", 1, 0)
 class PendingConnection:
     """One accepted connection that is not established yet (registered in ``InboundRuntime.pending``)."""
 
-    __slots__ = ("_scope", "evicted", "opened", "peer", "sock", "stream")
+    __slots__ = ("_scope", "evicted", "opened", "peer", "sock", "stream", "waits_on_us")
 
     def __init__(self, sock: stdlib_socket.socket, opened: float, peer: Any = None) -> None:
         self.sock = sock  # non-blocking, as accept() returned it (no trio socket object around it)
@@ -82,6 +83,10 @@ class PendingConnection:
         self.peer = peer  # the client's address, as accept() returned it
         self.stream: Any = None
         self.evicted = False
+        # Its ClientHello (or, without TLS, its first bytes) is in: what it waits for now is the
+        # gateway (the gate, the crypto), not its client. The pending bound evicts such a
+        # connection only when every other one does too (``InboundRuntime.begin_pending``).
+        self.waits_on_us = False
         self._scope: trio.CancelScope | None = None
 
     def evict(self) -> None:
@@ -120,6 +125,7 @@ class PendingConnection:
                     await trio.lowlevel.wait_readable(self.sock)  # the first bytes of a request
                     return trio.SocketStream(trio.socket.from_stdlib_socket(self.sock)), ""
                 await _client_hello(self.sock)
+                self.waits_on_us = True
                 if gate is not None and await gate.admit() and client_gone(self.sock):
                     self._reset()  # behind the established connections' work, too long for its client
                     return None, ABANDONED
