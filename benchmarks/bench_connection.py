@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import shutil
 import socket
 import ssl
 import statistics
@@ -41,6 +40,8 @@ import time
 from pathlib import Path
 
 import trustme
+
+from loadtests import processes
 
 _SERVER = textwrap.dedent(
     """
@@ -163,12 +164,6 @@ def _phase(pid: int, port: int, ca_pem: str, total: int, clients: int, *, per_co
     return (_cpu(pid) - before) * 1e6 / (each * clients)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _measure(pid: int, port: int, ca_pem: str, args: argparse.Namespace, label: str) -> tuple[float, ...]:
     """Medians of (new connection per request, keep-alive, difference) µs of ``pid``'s CPU."""
     _phase(pid, port, ca_pem, 200, args.clients, per_connection=True)  # warm-up
@@ -188,12 +183,12 @@ def _measure(pid: int, port: int, ca_pem: str, args: argparse.Namespace, label: 
 def _nginx(
     tmp: str, cert_path: str, key_path: str, args: argparse.Namespace, ca_pem: str
 ) -> tuple[float, ...]:
-    exe = shutil.which("nginx") or "/usr/sbin/nginx"
-    if not os.path.exists(exe):
+    exe = processes.nginx()
+    if exe is None:
         raise SystemExit("--nginx needs nginx (Debian nginx-light)")
     directory = os.path.join(tmp, "nginx")
     os.mkdir(directory)
-    port = _free_port()
+    port = processes.free_port()
     conf = os.path.join(directory, "nginx.conf")
     Path(conf).write_text(_NGINX_CONF.format(dir=directory, port=port, cert=cert_path, key=key_path))
     proc = subprocess.Popen([exe, "-p", directory, "-c", conf, "-e", os.path.join(directory, "error.log")])  # noqa: S603

@@ -547,7 +547,8 @@ def shipped_memory_limit(deployment: Path | None = None) -> str:
     raise RuntimeError(f"{path}: no gateway container")
 
 
-def _client_hello() -> bytes:
+def client_hello() -> bytes:
+    """A real TLS ClientHello record, as a client's first write (then it waits for the server)."""
     import ssl
 
     context = ssl.create_default_context()
@@ -625,7 +626,7 @@ async def run_stalled(
                 await trio.sleep(1.0)
                 pid = proc.pid
                 start = _rss_mb(pid)
-                hello = _client_hello()
+                hello = client_hello()
                 # The well-behaved clients alone first: the row the waves compare with.
                 alone, errors = await _well_behaved(endpoint, clients, seconds)
                 alone.sort()

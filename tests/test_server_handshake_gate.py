@@ -19,6 +19,7 @@ import trustme
 
 from gateway.devtools.backends import serve_backend
 from gateway.server.hypercorn.handshake import HandshakeGate
+from loadtests.abuse import client_hello
 from tests.support.inbound import Gateway, read_response, review_request, start
 
 
@@ -165,23 +166,24 @@ async def test_new_tls_connections_get_through_the_gate(
     nursery: trio.Nursery, tmp_path: Path, args: list[str], keep_busy: bool
 ) -> None:
     gw, context = await _tls_gateway(nursery, tmp_path, *args)
-    busy = trio.CancelScope()
-    if keep_busy:  # a task that always has work: the event loop never goes idle
-
-        async def spin() -> None:
-            while True:
-                await trio.lowlevel.checkpoint()
-
-        nursery.start_soon(lambda: _within(busy, spin))
+    busy = _keep_the_loop_busy(nursery) if keep_busy else trio.CancelScope()
     assert await _tls_reviews(gw, context, 12) == [200] * 12
     busy.cancel()
     assert gw.counter("inbound_closed", "handshake_timeout") == 0
 
 
-async def _within(scope: trio.CancelScope, work: object) -> None:
-    assert callable(work)
-    with scope:
-        await work()
+def _keep_the_loop_busy(nursery: trio.Nursery) -> trio.CancelScope:
+    """A task that always has work, so that the event loop never goes idle, until the scope it
+    returns is cancelled."""
+    busy = trio.CancelScope()
+
+    async def spin() -> None:
+        with busy:
+            while True:
+                await trio.lowlevel.checkpoint()
+
+    nursery.start_soon(spin)
+    return busy
 
 
 # --- Accepting behind the gate: dials the loop has no time for wait in the kernel, not here ------
@@ -217,13 +219,7 @@ async def test_dials_beyond_the_waiting_handshakes_stay_in_the_kernels_accept_qu
     gw, context = await _tls_gateway(
         nursery, tmp_path, "--handshake-burst", "1", "--handshake-timeout", "1", *args
     )
-    busy = trio.CancelScope()
-
-    async def spin() -> None:  # a task that always has work: the event loop never goes idle
-        while True:
-            await trio.lowlevel.checkpoint()
-
-    nursery.start_soon(lambda: _within(busy, spin))
+    busy = _keep_the_loop_busy(nursery)
     statuses = await _tls_reviews(gw, context, 120)
     busy.cancel()
     if waits:
@@ -235,16 +231,6 @@ async def test_dials_beyond_the_waiting_handshakes_stay_in_the_kernels_accept_qu
         assert gw.counter("accept_paused") == 0
 
 
-def _client_hello() -> bytes:
-    """A real TLS ClientHello, as the first flight of a client."""
-    context = ssl.create_default_context()
-    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-    client = context.wrap_bio(incoming, outgoing, server_hostname="localhost")
-    with pytest.raises(ssl.SSLWantReadError):
-        client.do_handshake()
-    return outgoing.read()
-
-
 async def test_a_dial_its_client_closed_while_it_waited_at_the_gate_costs_no_handshake(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
@@ -252,14 +238,8 @@ async def test_a_dial_its_client_closed_while_it_waited_at_the_gate_costs_no_han
     the connection after its ClientHello. When the gate admits it, the gateway sees the FIN and drops
     it without the handshake's crypto: counted as abandoned, not as a limit reached."""
     gw, _ = await _tls_gateway(nursery, tmp_path, "--handshake-burst", "1")
-    busy = trio.CancelScope()
-
-    async def spin() -> None:
-        while True:
-            await trio.lowlevel.checkpoint()
-
-    nursery.start_soon(lambda: _within(busy, spin))
-    hello = _client_hello()
+    busy = _keep_the_loop_busy(nursery)
+    hello = client_hello()
     count = 10
     for _ in range(count):
         sock = trio.socket.socket()
@@ -285,14 +265,8 @@ async def test_dials_given_up_in_the_kernels_queue_are_dropped_at_accept_not_que
     and drops it at once, counted at ``accept_queue``. Ten live dials (their handshakes never
     finish) keep accepting paused for ~100 ms before the given-up ones are reached."""
     gw, _ = await _tls_gateway(nursery, tmp_path, "--handshake-burst", "1", "--max-waiting-handshakes", "1")
-    busy = trio.CancelScope()
-
-    async def spin() -> None:
-        while True:
-            await trio.lowlevel.checkpoint()
-
-    nursery.start_soon(lambda: _within(busy, spin))
-    hello = _client_hello()
+    busy = _keep_the_loop_busy(nursery)
+    hello = client_hello()
     live = []
     for _ in range(10):
         sock = trio.socket.socket()
@@ -322,7 +296,7 @@ async def _reset_after_the_servers_flight(port: int) -> None:
     a dial its caller gave up while the handshake was under way."""
     sock = trio.socket.socket()
     await sock.connect(("127.0.0.1", port))
-    await sock.send(_client_hello())
+    await sock.send(client_hello())
     assert await sock.recv(65536), "the gateway answered the ClientHello"
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     sock.close()

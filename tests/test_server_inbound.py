@@ -25,6 +25,7 @@ import trio
 import trustme
 
 from gateway.devtools.backends import serve_backend
+from loadtests.abuse import client_hello
 from tests.support.gateway import review
 from tests.support.inbound import (
     CONTINUATION,
@@ -51,7 +52,6 @@ from tests.support.inbound import (
     settings,
     start,
 )
-from tests.test_server_handshake_gate import _client_hello
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -1148,7 +1148,7 @@ async def test_a_pending_connection_that_waits_on_the_gateway_is_not_the_one_evi
         nursery, tmp_path, "--max-pending-connections", "5", "--handshake-timeout", "60"
     )
     caller = await trio.open_tcp_stream("127.0.0.1", gw.port)
-    await caller.send_all(_client_hello())  # whole: the gateway answers and waits for its Finished
+    await caller.send_all(client_hello())  # whole: the gateway answers and waits for its Finished
     assert await caller.receive_some(65536)
     stalled = []
     for _ in range(4):

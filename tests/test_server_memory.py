@@ -29,6 +29,7 @@ import pytest
 import trio
 import trustme
 
+from loadtests.abuse import client_hello
 from tests.support.gateway import hook, write_config
 from tests.support.inbound import serve_asgi
 
@@ -40,18 +41,6 @@ def _rss_kb(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     raise AssertionError(f"no VmRSS for {pid}")
-
-
-def _client_hello() -> bytes:
-    """A real ClientHello record, as a client's first write."""
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-    client = context.wrap_bio(incoming, outgoing, server_hostname="localhost")
-    with pytest.raises(ssl.SSLWantReadError):
-        client.do_handshake()
-    return outgoing.read()
 
 
 def _start_gateway(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[bytes], int, ssl.SSLContext]:
@@ -139,7 +128,7 @@ def test_stalled_connections_cost_a_few_kb(
 ) -> None:
     pid, port, _ = gateway_process
     count = _connections(2000)
-    hello = _client_hello()
+    hello = client_hello()
     start = _rss_kb(pid)
     held = [_stall(port, what, hello) for _ in range(count)]
     time.sleep(2.0)
@@ -159,7 +148,7 @@ def test_waves_of_stalled_connections_under_the_shipped_memory_limit(tmp_path: P
     proc, port, context = _start_gateway(tmp_path, "--memory-limit", "256Mi")
     try:
         count = _connections(2000)
-        hello = _client_hello()
+        hello = client_hello()
         start = peak = _rss_kb(proc.pid)
         for wave in range(3):
             held = [_stall(port, "half-hello" if i % 2 else "nothing", hello) for i in range(count)]

@@ -214,6 +214,16 @@ class Connection(Protocol):
     def poke(self) -> None: ...
 
 
+class Pending(Protocol):
+    """A connection not established yet, as the pending bound sees it (``handshake.PendingConnection``)."""
+
+    waits_on_us: bool  # its ClientHello is in: it waits on the gateway, not on its client
+
+    def evict(self) -> None: ...
+
+    def poke(self) -> None: ...
+
+
 AtOnce = Callable[
     [bytes, bytes, list[tuple[bytes, bytes]], bytes], "tuple[int, list[tuple[bytes, bytes]], bytes] | None"
 ]
@@ -231,7 +241,7 @@ class InboundRuntime:
     terminating: bool = False
     connections: set[Any] = field(default_factory=set)
     # Not established yet (TLS handshake under way), oldest first: the first to go when full.
-    pending: dict[Any, None] = field(default_factory=dict)
+    pending: dict[Pending, None] = field(default_factory=dict)
     # Called with the number of open connections when one closes (``memory.HeapTrimmer``).
     on_closed: Callable[[int], object] | None = None
     # The frame budgets of client addresses whose connection was ended for going over it, oldest
@@ -306,28 +316,20 @@ class InboundRuntime:
         while len(self.flooders) > MAX_FLOODERS:
             del self.flooders[next(iter(self.flooders))]
 
-    def begin_pending(self, connection: Any) -> Any:
+    def begin_pending(self, connection: Pending) -> Pending | None:
         """Register a connection that is not established yet; the one to evict, if full: the oldest
         that still waits on its client (no whole ClientHello yet: a stalled connection), else the
         oldest. Those that wait on the gateway are at most the handshakes under way and the few
         waiting at the gate (``accept_room``), so a bounded look from the oldest finds one."""
         evicted = None
         if len(self.pending) >= self.max_pending:
-            evicted = next(
-                (
-                    c
-                    for c in itertools.islice(self.pending, _EVICTION_LOOK)
-                    if not getattr(c, "waits_on_us", False)
-                ),
-                None,
-            )
-            if evicted is None:
-                evicted = next(iter(self.pending))
+            oldest = itertools.islice(self.pending, _EVICTION_LOOK)
+            evicted = next((c for c in oldest if not c.waits_on_us), None) or next(iter(self.pending))
             del self.pending[evicted]
         self.pending[connection] = None
         return evicted
 
-    def end_pending(self, connection: Any) -> None:
+    def end_pending(self, connection: Pending) -> None:
         """It is established (and registers in ``connections``), or gone."""
         self.pending.pop(connection, None)
 
