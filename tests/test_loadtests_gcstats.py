@@ -56,5 +56,5 @@ def test_the_gc_hook_records_each_collection_and_the_summary_counts_those_of_the
     assert {gen: int(row["count"]) for gen, row in summary.items()} == counts
     for row in summary.values():
         if row["count"]:
-            assert 0 <= row["cpu_pct_of_phase"] and row["max_ms"] >= row["p99_ms"] > 0
+            assert row["cpu_pct_of_phase"] >= 0 and row["max_ms"] >= row["p99_ms"] > 0
     assert gcstats.summarize(path, end + 1, end + 2, settle=0)["gen0"]["count"] == 0, "none after the phase"

@@ -71,6 +71,15 @@ _HANDSHAKE: Final = 0x16
 _MAX_RECORD: Final = _RECORD_HEADER + (1 << 14) + 256
 _LINGER_RESET: Final = struct.pack("ii", 1, 0)
 
+# While the event loop never goes idle (it is behind), ``HandshakeGate`` admits ``--handshake-burst``
+# handshakes per this many seconds: ~0.5 ms of crypto in every 50 ms, 1 % of the loop. Each dial
+# admitted then brings another review onto a loop that has no time for the ones it has (client-go
+# hands it to a review waiting for a connection), so the share is small. Measured with the
+# apiserver's own client (docs/performance.md, "after a 2 s burst"): at 10 ms, a burst's backlog
+# kept growing for the 10 s after it (p50 2.0 s); at 50 ms, p50 6 ms and every second's p99 ~20 ms
+# from 2 s after it.
+BUSY_ADMISSION_INTERVAL: Final = 0.05
+
 
 class PendingConnection:
     """One accepted connection that is not established yet (registered in ``InboundRuntime.pending``)."""
@@ -262,9 +271,10 @@ class HandshakeGate:
     is done), or ``max_delay`` seconds after they ran out when it never gets there. So at most
     ``burst`` handshakes run between two idle moments of the loop, and when it is never idle (it is
     behind, or its CPU is taken by others) at most ``burst`` per ``max_delay``: by default 1 per
-    10 ms, ~0.25 ms of ECDSA crypto in every 10 ms. Driven by the kube-apiserver's own client, fewer
-    handshakes while behind collapsed less: 1 beside 8 at 80 % of capacity answered 23 % more, with
-    a quarter of the reviews failed on reset dials (docs/inbound.md).
+    50 ms (``BUSY_ADMISSION_INTERVAL``). Driven by the kube-apiserver's own client, fewer
+    handshakes while behind collapsed less: 1 beside 8 at 80 % of capacity answered 23 % more, and
+    1 per 50 ms beside 1 per 10 ms recovered from a burst in 2 s instead of not in 10 s
+    (docs/inbound.md).
 
     The queue is short: while ``--max-waiting-handshakes`` wait, the listener accepts nothing
     (``room``). A dial the loop has no time for then waits in the kernel's accept queue, where it
@@ -276,7 +286,7 @@ class HandshakeGate:
 
     __slots__ = ("_burst", "_max_delay", "_room", "_tokens", "_waiters", "_wake", "running")
 
-    def __init__(self, burst: int, max_delay: float = 0.01) -> None:
+    def __init__(self, burst: int, max_delay: float = BUSY_ADMISSION_INTERVAL) -> None:
         self._burst = max(1, burst)
         self._max_delay = max_delay
         self._tokens = self._burst
