@@ -44,7 +44,7 @@ DEFAULT_FD_RESERVE: Final = 512
 # those waiting on the gateway are the handshakes under way and at most ``accept_room`` at the gate.
 _EVICTION_LOOK: Final = 64
 # A server handshake's crypto is ~250 µs (ECDSA P-256; ~450 µs RSA 2048): one between two idle
-# moments of the event loop, or one per 10 ms when it is never idle. Driven by the kube-apiserver's
+# moments of the event loop, or one per 50 ms when it is never idle. Driven by the kube-apiserver's
 # own client at 80 % of capacity, 1 beside 8 answered 23 % more with a third of the dials and a
 # quarter of the failed reviews (docs/inbound.md, "Connections that are not established yet").
 DEFAULT_HANDSHAKE_BURST: Final = 1
