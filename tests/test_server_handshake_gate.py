@@ -236,7 +236,7 @@ async def test_dials_beyond_the_waiting_handshakes_stay_in_the_kernels_accept_qu
 async def test_a_dial_its_client_closed_while_it_waited_at_the_gate_costs_no_handshake(
     nursery: trio.Nursery, tmp_path: Path
 ) -> None:
-    """A client that gives up on a dial (Go cancels the dials no request waits for any more) closes
+    """A client that gives up on a dial (Go's transport does at its TLS handshake timeout) closes
     the connection after its ClientHello. When the gate admits it, the gateway sees the FIN and drops
     it without the handshake's crypto: counted as abandoned, not as a limit reached."""
     gw, _ = await _tls_gateway(nursery, tmp_path, "--handshake-burst", "1")
@@ -374,3 +374,45 @@ async def test_a_loop_that_never_goes_idle_admits_burst_handshakes_per_50_ms(
             await trio.lowlevel.checkpoint()
         nursery.cancel_scope.cancel()
     assert 19 * burst <= admitted <= 20 * burst
+
+
+async def _handshake_then_close(gw: Gateway, context: ssl.SSLContext) -> None:
+    """A dial client-go did not need: the handshake completes, then the client closes it unused
+    (its idle pool already held 25 connections)."""
+    stream = trio.SSLStream(
+        await trio.open_tcp_stream("127.0.0.1", gw.port), context, server_hostname="localhost"
+    )
+    await stream.do_handshake()
+    await trio.aclose_forcefully(stream)
+
+
+async def _one_review_then_close(gw: Gateway, context: ssl.SSLContext) -> None:
+    stream = trio.SSLStream(
+        await trio.open_tcp_stream("127.0.0.1", gw.port), context, server_hostname="localhost"
+    )
+    await stream.send_all(review_request())
+    assert (await read_response(stream)).startswith(b"HTTP/1.1 200")  # type: ignore[arg-type]
+    await trio.aclose_forcefully(stream)
+
+
+@pytest.mark.parametrize(
+    ("client", "unused"),
+    [
+        pytest.param(_handshake_then_close, 3, id="a connection its client closes after the handshake, before any request, is counted as unused"),
+        pytest.param(_one_review_then_close, 0, id="a connection that carried a review is not counted as unused"),
+    ],
+)  # fmt: skip
+async def test_connections_closed_by_their_client_before_any_request_are_counted(
+    nursery: trio.Nursery, tmp_path: Path, client: object, unused: int
+) -> None:
+    """``webhook_gateway_inbound_connections_unused_total``: a handshake spent on a dial its client
+    did not need (client-go closes a new connection at once when its idle pool is full: the dials of
+    a stall that completed after it), the waste behind a slow recovery from a burst."""
+    gw, context = await _tls_gateway(nursery, tmp_path)
+    assert callable(client)
+    for _ in range(3):
+        await client(gw, context)
+    with trio.fail_after(20):  # a deadline for a broken count, not a measurement
+        while gw.open_connections > 0:
+            await trio.sleep(0.01)
+    assert gw.counter("connections_unused") == unused

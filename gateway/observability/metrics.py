@@ -421,6 +421,13 @@ class Metrics:
             "while accepting was paused), gate (behind the established connections).",
             ("where",),
         )  # fmt: skip
+        self.connections_unused = _counter(
+            "inbound_connections_unused_total",
+            "Inbound connections their client closed before sending any request: a handshake spent on "
+            "a dial the client did not need (client-go closes a new connection at once when its idle "
+            "pool already holds 25: the dials of a stall that completed after it).",
+            (),
+        )
         self.handshakes_failed = _counter(
             "inbound_handshakes_failed_total",
             "TLS handshakes the gateway began (its part of the crypto computed) that did not complete, "
@@ -482,7 +489,7 @@ class Metrics:
             self.review_overhead, self.reviews_in_flight, self.config_generation, self.config_last_reload_ok,
             self.backend_timeout, self.serving_certificate_expiry,
             self.inbound_closed, self.inbound_rejected, self.handshakes_abandoned, self.handshakes_failed,
-            self.accept_paused,
+            self.connections_unused, self.accept_paused,
             self.h2_goaways, self.certificate_reloads,
             self.log_lines_dropped, self.gc_full_collections, self.gc_full_collection_seconds,
         )  # fmt: skip
@@ -516,6 +523,7 @@ class Metrics:
         for reason in ("client_gone", "refused"):
             self.handshakes_failed.labels(reason)
         self.accept_paused.labels()
+        self.connections_unused.labels()
         for reason in ("flood", "drain"):
             self.h2_goaways.labels(reason)
         for result in ("success", "failure"):
@@ -937,6 +945,10 @@ class Metrics:
     def inbound_handshake_failed(self, reason: str) -> None:
         """A TLS handshake the gateway began did not complete (``client_gone`` or ``refused``)."""
         self.handshakes_failed.labels(reason).value += 1
+
+    def inbound_connection_unused(self) -> None:
+        """An inbound connection's client closed it before sending any request."""
+        self.connections_unused.labels().value += 1
 
     def inbound_accept_paused(self, seconds: float) -> None:
         """The listener accepted nothing for ``seconds``: handshakes waited for the event loop."""

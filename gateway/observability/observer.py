@@ -400,6 +400,11 @@ class Observability:
         if self.prometheus is not None:
             self.prometheus.inbound_handshake_failed(reason)
 
+    def connection_unused(self) -> None:
+        """An inbound connection's client closed it before its first request (a dial not needed)."""
+        if self.prometheus is not None:
+            self.prometheus.inbound_connection_unused()
+
     def accept_paused(self, seconds: float) -> None:
         """The listener accepted nothing for ``seconds``: handshakes waited for the event loop."""
         if self.prometheus is not None:

@@ -185,6 +185,8 @@ class InboundEvents(Protocol):
 
     def handshake_failed(self, reason: str) -> None: ...
 
+    def connection_unused(self) -> None: ...
+
     def accept_paused(self, seconds: float) -> None: ...
 
 
@@ -202,6 +204,9 @@ class NullEvents:
         pass
 
     def handshake_failed(self, reason: str) -> None:
+        pass
+
+    def connection_unused(self) -> None:
         pass
 
     def accept_paused(self, seconds: float) -> None:

@@ -138,9 +138,10 @@ async def _accept_loop(
     run loop, then lets the other tasks run; while ``runtime.accept_room`` handshakes wait for the
     event loop (``HandshakeGate``), it accepts none, and in one pass at most as many as would fill
     that room (the ones accepted in a pass reach the gate only once their tasks run). A TLS dial
-    whose client closed it while it waited in the kernel's queue (client-go cancels the dials it
-    no longer needs) is reset at accept and counted, taking no place at the gate: the queue is
-    first in, first out, and live dials wait behind the given-up ones.
+    whose client closed it while it waited in the kernel's queue (Go's transport gives a dial up at
+    its TLS handshake timeout, counted from the TCP connect) is reset at accept and counted, taking
+    no place at the gate: the queue is first in, first out, and live dials wait behind the given-up
+    ones.
     """
     backoff = 0.0
     room = runtime.accept_room

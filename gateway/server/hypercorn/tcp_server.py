@@ -88,6 +88,7 @@ class GatewayTCPServer(TCPServer):
         self._reader: trio.lowlevel.Task | None = None
         self._spare = trio.lowlevel.ParkingLot()
         self._read_over = False
+        self._requested = False  # a request began on it (closed by its client before that: unused)
         self.opened = trio.current_time()  # the listener sets when it was accepted
 
     # --- the listener's side ------------------------------------------------------------------
@@ -183,6 +184,8 @@ class GatewayTCPServer(TCPServer):
             await trio.aclose_forcefully(self.stream)
         finally:
             runtime.connections.discard(self)
+            if self._read_over and not self._requested and not self.aborted:
+                runtime.events.connection_unused()  # closed by its client before any request
             self._release()
             runtime.closed()
 
@@ -355,6 +358,7 @@ class GatewayTCPServer(TCPServer):
         elif isinstance(event, Updated):
             self.idle = event.idle
             if not event.idle:
+                self._requested = True
                 self.watchdog.set(math.inf, "")
             elif self.runtime.terminating or self.context.terminated.is_set():
                 self.abort("")
