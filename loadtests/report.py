@@ -309,6 +309,11 @@ def _phase_details(r: PhaseResult) -> list[str]:
             f"{_f(c['dial_ms_mean'], '{:.1f}')} ms), {c['dial_errors']:,.0f} failed, peak "
             f"{c['peak_open']:,.0f} open, closed: {_f(c['closed_surplus'], '{:,.0f}')} surplus idle, "
             f"{c['closed_abandoned']:,.0f} abandoned, {_f(c['closed_by_server'], '{:,.0f}')} by the server"
+            + (
+                f"; {c['unused_at_gateway']:,.0f} closed by the caller before any request (the gateway's count)"
+                if "unused_at_gateway" in c
+                else ""
+            )
         )
     if r.generator_cpu_us_per_review is not None:
         lag = (

@@ -46,6 +46,7 @@ from loadtests.stats import (
     PhaseResult,
     Recorder,
     bucket_percentiles,
+    counter_total,
     histogram_buckets,
     normal_p99_ms,
     percentile,
@@ -638,6 +639,11 @@ async def _scrape(probe: Endpoint | None) -> str | None:
     return None
 
 
+# Connections their client closed before any request (the gateway's count): client-go closes a
+# completed dial at once when its idle pool is full, so these are the dials a stall left behind.
+UNUSED_CONNECTIONS: Final = "webhook_gateway_inbound_connections_unused"
+
+
 def gateway_view(before: str, after: str) -> tuple[BucketPercentiles | None, BucketPercentiles | None]:
     """From two /metrics texts: percentiles of whole reviews as the gateway timed them (from the
     request's start to its answer), and of the gateway's own work in them (minus backend time)."""
@@ -1050,6 +1056,10 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
                     own_after = await _scrape(probe) if own_before is not None else None
                     if own_before is not None and own_after is not None:
                         extra["gateway_review"], extra["gateway_work"] = gateway_view(own_before, own_after)
+                        if "connections" in extra:  # what no caller sees: dials it did not need
+                            extra["connections"]["unused_at_gateway"] = counter_total(
+                                own_after, UNUSED_CONNECTIONS
+                            ) - counter_total(own_before, UNUSED_CONNECTIONS)
                     point[name].append(summarize(name, rec, offered, **extra))
                     # The histogram shows the first (lowest) load point: saturation is in the left plot.
                     result.latencies.setdefault(name, rec.all_latencies())

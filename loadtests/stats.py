@@ -82,6 +82,18 @@ def histogram_buckets(metrics: str, name: str) -> dict[float, float]:
     return out
 
 
+def counter_total(metrics: str, name: str) -> float:
+    """The value of counter ``name`` (without its ``_total`` suffix) in a Prometheus text
+    exposition, summed over its label sets; 0 when it is not exposed."""
+    wanted = f"{name}_total"
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+        if sample.name == wanted
+    )
+
+
 def bucket_percentiles(before: dict[float, float], after: dict[float, float]) -> BucketPercentiles | None:
     """The percentiles of the observations made between the scrapes ``before`` and ``after`` of one
     histogram; None when nothing was observed (or the histogram is not exposed)."""

@@ -32,6 +32,7 @@ from loadtests.stats import (
     PhaseResult,
     Recorder,
     bucket_percentiles,
+    counter_total,
     histogram_buckets,
     median_result,
     percentile,
@@ -154,6 +155,25 @@ def test_histogram_buckets_sum_label_sets_and_read_only_the_named_histogram() ->
         "webhook_gateway_review_duration_seconds_count 5.0\n"
     )
     assert histogram_buckets(text, "webhook_gateway_review_duration_seconds") == {0.001: 7.0, INF: 5.0}
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        pytest.param("webhook_gateway_inbound_connections_unused", 7.0, id="a counter without labels is its value"),
+        pytest.param("webhook_gateway_inbound_handshakes_failed", 5.0, id="a counter with labels is summed over them"),
+        pytest.param("webhook_gateway_reviews_shed", 0.0, id="a counter not exposed is 0"),
+    ],
+)  # fmt: skip
+def test_counter_total_reads_only_the_named_counter(name: str, expected: float) -> None:
+    text = (
+        "# TYPE webhook_gateway_inbound_connections_unused_total counter\n"
+        "webhook_gateway_inbound_connections_unused_total 7.0\n"
+        "# TYPE webhook_gateway_inbound_handshakes_failed_total counter\n"
+        'webhook_gateway_inbound_handshakes_failed_total{reason="client_gone"} 2.0\n'
+        'webhook_gateway_inbound_handshakes_failed_total{reason="refused"} 3.0\n'
+    )
+    assert counter_total(text, name) == expected
 
 
 def test_median_of_repeats_keeps_the_gateway_view_on_bucket_bounds() -> None:

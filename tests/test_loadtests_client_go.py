@@ -442,6 +442,10 @@ def test_a_burst_is_reported_per_segment_for_nginx_and_the_gateway_with_the_gene
     assert all(row["count"] >= 0 and row["total_ms"] >= 0 for row in gc.values())
     assert gc["gen0"]["cpu_pct_of_phase"] <= gc["gen0"]["pct_of_phase"], "a pause's CPU is within it"
     assert rows["nginx"]["gc"] is None
+    # Dials the caller closed unused, from the gateway's own count; no such count for nginx.
+    assert rows["gateway"]["connections"]["unused_at_gateway"] >= 0
+    assert "unused_at_gateway" not in rows["nginx"]["connections"]
+    assert "closed by the caller before any request (the gateway's count)" in proc.stdout
     assert "connections: client-go's policy" in proc.stdout
     assert "÷ nginx" in proc.stdout
     assert "normal again" in proc.stdout  # or "NOT normal again": timings are not asserted
