@@ -310,7 +310,8 @@ def _phase_details(r: PhaseResult) -> list[str]:
             f"{c['peak_open']:,.0f} open, closed: {_f(c['closed_surplus'], '{:,.0f}')} surplus idle, "
             f"{c['closed_abandoned']:,.0f} abandoned, {_f(c['closed_by_server'], '{:,.0f}')} by the server"
             + (
-                f"; {c['unused_at_gateway']:,.0f} closed by the caller before any request (the gateway's count)"
+                f"; {c['unused_at_gateway']:,.0f} closed by the caller before any request"
+                " (the gateway's count)"
                 if "unused_at_gateway" in c
                 else ""
             )
