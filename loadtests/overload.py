@@ -49,7 +49,7 @@ from loadtests.drive import arrival_offsets, drive_closed_loop, drive_open_loop,
 from loadtests.fixtures import review_templates
 from loadtests.gocaller import FAILED_OPEN, PLACEHOLDER, GoCaller, GoResult
 from loadtests.scenarios import backend_path, overload, write_configs
-from loadtests.stats import percentile
+from loadtests.stats import counter_total, percentile
 from loadtests.transport import (
     MAX_IDLE_PER_HOST,
     POLICIES,
@@ -400,11 +400,7 @@ def cost_table(results: list[CostResult]) -> str:
 
 
 async def _scrape_shed(endpoint: Endpoint) -> int:
-    total = 0.0
-    for line in (await processes.scrape_metrics(endpoint)).splitlines():
-        if line.startswith("webhook_gateway_reviews_shed_total{"):
-            total += float(line.rsplit(" ", 1)[1])
-    return int(total)
+    return int(counter_total(await processes.scrape_metrics(endpoint), "webhook_gateway_reviews_shed"))
 
 
 @dataclass(frozen=True)

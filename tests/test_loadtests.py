@@ -18,7 +18,9 @@ import pytest
 import trio
 import trio.testing
 import yaml
+from prometheus_client import generate_latest
 
+from gateway.observability import Metrics
 from loadtests.__main__ import parse_rates
 from loadtests.drive import arrival_offsets, drive_closed_loop, drive_open_loop
 from loadtests.fixtures import SLOW_LABEL, review_templates
@@ -174,6 +176,17 @@ def test_counter_total_reads_only_the_named_counter(name: str, expected: float) 
         'webhook_gateway_inbound_handshakes_failed_total{reason="refused"} 3.0\n'
     )
     assert counter_total(text, name) == expected
+
+
+def test_counter_total_reads_the_gateways_own_exposition() -> None:
+    """What the load tool scrapes (shed reviews, unused connections) as the gateway renders it."""
+    metrics = Metrics()
+    metrics.reviews_shed.labels("in_flight").value += 2
+    metrics.reviews_shed.labels("event_loop_lag").value += 3
+    metrics.inbound_connection_unused()
+    text = generate_latest(metrics.registry).decode()
+    assert counter_total(text, "webhook_gateway_reviews_shed") == 5
+    assert counter_total(text, "webhook_gateway_inbound_connections_unused") == 1
 
 
 def test_median_of_repeats_keeps_the_gateway_view_on_bucket_bounds() -> None:

@@ -77,8 +77,8 @@ _LINGER_RESET: Final = struct.pack("ii", 1, 0)
 # admitted then brings another review onto a loop that has no time for the ones it has (client-go
 # hands it to a review waiting for a connection), so the share is small. Measured with the
 # apiserver's own client (docs/performance.md, "after a 2 s burst"): at 10 ms, a burst's backlog
-# kept growing for the 10 s after it (p50 2.0 s); at 50 ms, p50 6 ms and every second's p99 ~20 ms
-# from 2 s after it.
+# kept growing for the 10 s after it (p50 1.1 s); at 50 ms, p50 5 ms and p99 back at 15-50 ms
+# 1-4 s after it.
 BUSY_ADMISSION_INTERVAL: Final = 0.05
 
 
@@ -275,8 +275,8 @@ class HandshakeGate:
     behind, or its CPU is taken by others) at most ``burst`` per ``max_delay``: by default 1 per
     50 ms (``BUSY_ADMISSION_INTERVAL``). Driven by the kube-apiserver's own client, fewer
     handshakes while behind collapsed less: 1 beside 8 at 80 % of capacity answered 23 % more, and
-    1 per 50 ms beside 1 per 10 ms recovered from a burst in 2 s instead of not in 10 s
-    (docs/inbound.md).
+    at 1 per 50 ms p99 was back at 15-50 ms 1-4 s after a burst, where at 1 per 10 ms it stayed at
+    1-2.5 s for the 10 s after it (docs/inbound.md).
 
     The queue is short: while ``--max-waiting-handshakes`` wait, the listener accepts nothing
     (``room``). A dial the loop has no time for then waits in the kernel's accept queue, where it
