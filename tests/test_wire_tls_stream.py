@@ -277,6 +277,39 @@ async def test_after_a_short_read_records_queued_and_records_sent_later_are_all_
             assert await pair.client.receive_some() == b"late"
 
 
+@pytest.mark.parametrize(
+    ("records", "max_bytes", "expected"),
+    [
+        pytest.param(
+            [4096, 4096, 300],
+            65536,
+            [8492],
+            id="a request Go's HTTP client wrote through its 4 KiB buffer arrives in one receive_some",
+        ),
+        pytest.param(
+            [1100 + 100 * n for n in range(7)],
+            65536,
+            [sum(1100 + 100 * n for n in range(7))],
+            id="the growing short records Go's TLS starts a connection with arrive in one receive_some",
+        ),
+        pytest.param([4096, 4096, 300], 5000, [5000, 3492], id="several records never exceed max_bytes"),
+    ],
+)
+async def test_short_records_already_on_the_socket_come_in_one_receive(
+    pair: Pair, records: list[int], max_bytes: int, expected: list[int]
+) -> None:
+    """Records of one message queued on the socket are read together, not one per call with a wait
+    of trio's run loop between them (what a review in several records cost the gateway)."""
+    sent = [os.urandom(size) for size in records]
+    for record in sent:
+        await pair.server.send_all(record)  # one TLS record each
+    await trio.sleep(0.05)  # all of them on the client's socket
+    with trio.fail_after(2):
+        got = [await pair.client.receive_some(max_bytes) for _ in expected]
+    assert [len(chunk) for chunk in got] == expected
+    assert b"".join(got) == b"".join(sent)
+
+
 async def _read_loop(stream: TLSSocketStream, size: int, max_bytes: int = 65536) -> tuple[bytes, int]:
     """A read loop as the HTTP/2 reader runs it (``receive_now``, ``wait_readable``): bytes, waits."""
     parts, got, waits = [], 0, 0
