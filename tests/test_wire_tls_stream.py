@@ -342,6 +342,21 @@ async def test_a_read_loop_on_receive_now_gets_every_byte(pair: Pair, size: int,
     assert got == payload
 
 
+async def test_a_read_loop_on_receive_now_reads_short_records_already_on_the_socket_without_a_wait(
+    pair: Pair,
+) -> None:
+    """A reply written in several short records (a backend's HEADERS and DATA written apart) is read
+    on without a pass of trio's run loop per record."""
+    sent = [os.urandom(size) for size in (300, 1200, 40)]
+    for record in sent:
+        await pair.server.send_all(record)  # one TLS record each
+    await trio.sleep(0.05)
+    with trio.fail_after(2):
+        got, waits = await _read_loop(pair.client, sum(map(len, sent)))
+    assert got == b"".join(sent)
+    assert waits == 0
+
+
 async def test_receive_now_reports_eof_and_refuses_use_after_close(pair: Pair) -> None:
     await pair.server.aclose()
     with trio.fail_after(5):

@@ -258,9 +258,10 @@ class TLSSocketStream(trio.abc.Stream):
 
         For a task's own read loop (an HTTP/2 connection's reader, an inbound connection): the
         loop's wait is one ``wait_readable`` instead of ``receive_some``'s layers, which trio walks
-        through again every time the task is woken. Like ``receive_some`` it waits first after a
-        short record, and it asks for a wait every few reads that found data ready, so that a peer
-        that always has data does not keep the loop from yielding.
+        through again every time the task is woken. Like ``receive_some`` it reads on after a short
+        record only if the socket holds more already (``_RECORD``), and it asks for a wait every few
+        reads that found data ready, so that a peer that always has data does not keep the loop
+        from yielding.
         """
         if self._receiving:
             raise trio.BusyResourceError("another task is already receiving on this TLS stream")
@@ -270,7 +271,7 @@ class TLSSocketStream(trio.abc.Stream):
             return b""
         if not self._handshook:
             return None
-        if self._drained and not self.socket.pending():
+        if self._drained and not self.socket.pending() and not self._readable_now():
             self._drained = False
             return None
         self._unyielded += 1

@@ -15,7 +15,9 @@ inbound request):
   ``send``), and the empty write at the end of a Content-Length message is skipped (−32 µs).
 - **A shed review's body gathered.** While the overload gate sheds, a plain request whose body
   comes in several reads (Go's client, the apiserver's, writes through a 4 KiB buffer: an 8 KB
-  review is three reads) is gathered here, at most ``_GATHER_MAX`` bytes, and answered at once
+  review is three TLS records; the TLS stream reads the records already on the socket together,
+  so it takes several reads only when they arrive apart) is gathered here, at most
+  ``_GATHER_MAX`` bytes, and answered at once
   like one whose body came with its head (``InboundRuntime.answer_at_once``), instead of being
   handed to a task and the ASGI path piece by piece. Until it is whole the connection is idle for
   the server: its head's deadline (``--header-read-timeout``) covers the body.
