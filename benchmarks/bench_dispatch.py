@@ -15,6 +15,10 @@ would send: an allow echoing the request's uid, or for the mutating chain a JSON
 label. So the numbers are the gateway's own per-review and per-call cost, without sockets, TLS,
 HPACK or h2's state machine (``gateway/transport/http2.py``, measured elsewhere).
 
+``shed1`` and ``shed10`` decide a review the overload shedder refuses (``Dispatcher.decide_shed``,
+each backend under ``Ignore``): what a shed review's decision costs, every call refused before it
+is made.
+
 Each scenario: ``--reviews`` reviews in one trio run, repeated ``--repeats`` times; the CPU time
 (``time.process_time``) per review of the best and the median repeat is printed.
 """
@@ -45,10 +49,14 @@ SCENARIOS = {
     "validating1": ("validating", 1),
     "validating5": ("validating", 5),
     "mutating3": ("mutating", 3),
+    # A review the overload shedder refuses (``Dispatcher.decide_shed``, what the server's read path
+    # asks before it starts anything for the review): every call refused, each backend under Ignore.
+    "shed1": ("validating", 1),
+    "shed10": ("validating", 10),
 }
 
 
-def config_yaml(kind: str, count: int) -> str:
+def config_yaml(kind: str, count: int, failure_policy: str = "Fail") -> str:
     """One configuration of ``count`` backends on loopback HTTPS (HTTP/2 allowed), as loadtests writes
     it (``loadtests/scenarios.py``), each backend on its own origin."""
     webhooks = []
@@ -65,7 +73,7 @@ def config_yaml(kind: str, count: int) -> str:
                     "scope": "Namespaced",
                 }
             ],
-            "failurePolicy": "Fail",
+            "failurePolicy": failure_policy,
             "matchPolicy": "Exact",
             "sideEffects": "None",
             "admissionReviewVersions": ["v1"],
@@ -220,7 +228,9 @@ async def bench(name: str, args: argparse.Namespace) -> list[float]:
 
     kind, count = SCENARIOS[name]
     with tempfile.TemporaryDirectory() as config_dir:  # loaded as the server loads --config
-        (Path(config_dir) / "webhooks.yaml").write_text(config_yaml(kind, count))
+        shed = name.startswith("shed")
+        policy = "Ignore" if shed else "Fail"
+        (Path(config_dir) / "webhooks.yaml").write_text(config_yaml(kind, count, policy))
         snapshot = load_directory(config_dir)
     hooks = snapshot.validating if kind == "validating" else snapshot.mutating
     assert len(hooks) == count
@@ -247,11 +257,17 @@ async def bench(name: str, args: argparse.Namespace) -> list[float]:
             inbound = InboundReview(
                 api_version=decoded.api_version, request=decoded.request, attributes=decoded.attributes
             )
+            if shed:
+                return dispatcher.decide_shed(
+                    kind, inbound, snapshot, deadline=trio.current_time() + 10, shed="event_loop_lag"
+                )
             return await run_one(inbound, snapshot, deadline=trio.current_time() + 10)
 
         verdict = await one()
         assert verdict.allowed, verdict
         assert len(verdict.report.invocations) == count, verdict.report
+        if shed:  # every call refused before it was made: nothing reached a connection
+            assert all(c.requests == 0 for g in pool._origins.values() for c in g.h2), "a shed call was made"
         if kind == "mutating":
             assert verdict.patch is not None
             assert verdict.patch.count(b'"op"') == count, verdict.patch
