@@ -106,7 +106,7 @@ class TLSSocketStream(trio.abc.Stream):
         self._receiving = False
         self._sending = False
         self._unyielded = 0
-        self._drained = False  # the last read got less than a full record
+        self._drained = False  # the last read that could wait (_recv) got less than a full record
         self._read_wants_write = False  # TLS needs to write before it can read (rare)
         self._poller: select.poll | None = None  # made at the first short record (_readable_now)
         # Which directions a task of this stream waits on the socket for (bit 1: readable, bit 2:
