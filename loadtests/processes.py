@@ -364,6 +364,7 @@ def spawn_profiler(exe: str, pid: int, out: Path, duration: float) -> subprocess
     fmt = "raw" if out.suffix == ".txt" else "flamegraph"
     cmd = [exe, "record", "--pid", str(pid), "--subprocesses", "--output", str(out), "--format", fmt]
     cmd += ["--duration", str(max(1, math.ceil(duration))), "--nonblocking"]
+    cmd += ["--rate", "1000"]  # py-spy's default 100/s leaves a lightly loaded phase a few dozen samples
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # noqa: S603  # list argv
 
 
