@@ -20,6 +20,13 @@ of a new connection as a ratio to nginx's: the floor of any TLS server on this m
 ``--profile`` runs the server under cProfile during the per-connection phase (for where the time
 goes, not for the figures: cProfile inflates small calls).
 
+``--perf`` says which code the CPU went to, for the gateway and (with ``--nginx``) for nginx: one
+more per-connection phase and one more keep-alive phase under ``perf record -e cpu-clock`` (Debian
+``linux-perf``), whose samples are split by the library they fell in (the Python interpreter,
+OpenSSL's crypto and TLS, libc, the kernel, …). perf slows the server down, so only its shares are
+used: each share times the median CPU per request measured without it. The difference of the two
+phases is what a new connection costs in each part.
+
 The whole connection, with a real review, beside nginx's: ``python -m loadtests passthrough
 --connection-policy per-review --nginx`` (docs/performance.md).
 """
@@ -27,8 +34,12 @@ The whole connection, with a real review, beside nginx's: ``python -m loadtests 
 from __future__ import annotations
 
 import argparse
+import collections
 import multiprocessing
 import os
+import re
+import shutil
+import signal
 import socket
 import ssl
 import statistics
@@ -37,6 +48,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import trustme
@@ -164,6 +176,90 @@ def _phase(pid: int, port: int, ca_pem: str, total: int, clients: int, *, per_co
     return (_cpu(pid) - before) * 1e6 / (each * clients)
 
 
+# The library a sample fell in (perf's "dso"), as the part of the server it stands for.
+_PARTS: tuple[tuple[str, str], ...] = (
+    (r"^\[kernel", "kernel"),
+    (r"^libcrypto\.", "OpenSSL crypto (libcrypto)"),
+    (r"^libssl\.", "OpenSSL TLS (libssl)"),
+    (r"^libc\.", "libc"),
+    (r"^(libpython|python)", "Python interpreter"),
+    (r"\.cpython-.*\.so$", "Python extension modules"),
+    (r"^nginx$", "nginx"),
+)
+_DSO_LINE = re.compile(r"^\s*([\d.]+)%\s+(\S.*?)\s*$")
+
+
+def part_of(dso: str) -> str:
+    """The part of the server a library stands for (``other`` for any not named in ``_PARTS``)."""
+    return next((part for pattern, part in _PARTS if re.search(pattern, dso)), "other")
+
+
+def shares(report: str) -> dict[str, float]:
+    """Fractions of the samples per part, from ``perf report --sort dso --stdio`` text."""
+    out: collections.Counter[str] = collections.Counter()
+    for line in report.splitlines():
+        if line.startswith("#"):
+            continue
+        match = _DSO_LINE.match(line)
+        if match:
+            out[part_of(match[2])] += float(match[1]) / 100
+    return dict(out)
+
+
+def _perf_phase(pid: int, phase: Callable[[], float], out: str) -> dict[str, float]:
+    """Shares of ``pid``'s CPU per part while ``phase`` runs, from a ``perf record`` of it."""
+    perf = shutil.which("perf")
+    assert perf is not None
+    recorder = subprocess.Popen(  # noqa: S603 - fixed arguments
+        [perf, "record", "--quiet", "-e", "cpu-clock", "-F", "2000", "-p", str(pid), "-o", out],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    time.sleep(0.5)  # perf attaches
+    if recorder.poll() is not None:
+        raise SystemExit(
+            f"perf record failed: {recorder.stderr.read().decode()[-500:] if recorder.stderr else ''}"
+        )
+    phase()
+    recorder.send_signal(signal.SIGINT)
+    recorder.wait(timeout=30)
+    report = subprocess.run(  # noqa: S603 - fixed arguments
+        [perf, "report", "-i", out, "--sort", "dso", "--stdio"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout
+    found = shares(report)
+    if not found:
+        raise SystemExit(f"perf recorded no samples of process {pid}")
+    return found
+
+
+def _breakdown(
+    pid: int, port: int, ca_pem: str, args: argparse.Namespace, *, medians: tuple[float, ...], out: str
+) -> dict[str, tuple[float, float, float]]:
+    """Per part: µs per request with a new connection, over keep-alive, and their difference."""
+    fresh = _perf_phase(
+        pid, lambda: _phase(pid, port, ca_pem, args.connections, args.clients, per_connection=True), out
+    )
+    kept = _perf_phase(
+        pid, lambda: _phase(pid, port, ca_pem, args.connections, args.clients, per_connection=False), out
+    )
+    rows = {}
+    for part in sorted(set(fresh) | set(kept), key=lambda p: -fresh.get(p, 0.0)):
+        new_us, kept_us = fresh.get(part, 0.0) * medians[0], kept.get(part, 0.0) * medians[1]
+        rows[part] = (new_us, kept_us, new_us - kept_us)
+    return rows
+
+
+def _print_breakdown(label: str, rows: dict[str, tuple[float, float, float]]) -> None:
+    print(f"{label}: where the CPU went (perf's shares of the medians above), µs per request:")
+    print(f"  {'part':32} {'new connection':>15} {'keep-alive':>11} {'difference':>11}")
+    for part, (new_us, kept_us, diff) in rows.items():
+        print(f"  {part:32} {new_us:15.0f} {kept_us:11.0f} {diff:11.0f}")
+
+
 def _measure(pid: int, port: int, ca_pem: str, args: argparse.Namespace, label: str) -> tuple[float, ...]:
     """Medians of (new connection per request, keep-alive, difference) µs of ``pid``'s CPU."""
     _phase(pid, port, ca_pem, 200, args.clients, per_connection=True)  # warm-up
@@ -177,7 +273,13 @@ def _measure(pid: int, port: int, ca_pem: str, args: argparse.Namespace, label: 
             f"difference {fresh - kept:5.0f} µs",
             flush=True,
         )
-    return tuple(statistics.median(col) for col in zip(*rows, strict=True))
+    medians = tuple(statistics.median(col) for col in zip(*rows, strict=True))
+    if args.perf:
+        with tempfile.TemporaryDirectory() as tmp:
+            args.breakdowns[label.strip()] = _breakdown(
+                pid, port, ca_pem, args, medians=medians, out=os.path.join(tmp, "perf.data")
+            )
+    return medians
 
 
 def _nginx(
@@ -218,7 +320,13 @@ def main() -> None:
     parser.add_argument("--key-type", choices=("ecdsa", "rsa"), default="ecdsa")
     parser.add_argument("--profile", default="-", help="cProfile output of the server (per-connection phase)")
     parser.add_argument("--nginx", action="store_true", help="also measure nginx, same run, same certificate")
+    parser.add_argument(
+        "--perf", action="store_true", help="split each server's CPU by library with perf (Debian linux-perf)"
+    )
     args = parser.parse_args()
+    args.breakdowns = {}
+    if args.perf and shutil.which("perf") is None:
+        raise SystemExit("--perf needs perf on PATH (Debian: apt-get install linux-perf)")
 
     kind = trustme.KeyType.RSA if args.key_type == "rsa" else trustme.KeyType.ECDSA
     ca = trustme.CA(key_type=kind)
@@ -262,6 +370,8 @@ def main() -> None:
             f"{args.key_type}: nginx: new connection {floor[0]:.0f} µs, keep-alive {floor[1]:.0f} µs; "
             f"a new connection costs {floor[2]:.0f} µs; the gateway's = {ratio} nginx's"
         )
+    for label, rows in args.breakdowns.items():
+        _print_breakdown(f"{args.key_type}: {label}", rows)
 
 
 if __name__ == "__main__":

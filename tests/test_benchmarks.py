@@ -4,11 +4,14 @@ docs/performance.md: no timing is asserted here)."""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from benchmarks import bench_connection
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -57,3 +60,81 @@ def test_bench_connection_beside_nginx(key_type: str) -> None:
         proc.stdout,
         re.M,
     ), proc.stdout
+
+
+_PERF_REPORT = """# To display the perf.data header info, please use --header/--header-only options.
+#
+# Overhead  Shared Object
+# ........  ...........................
+#
+    46.80%  libpython3.11.so.1.0
+    25.02%  libcrypto.so.3
+    16.37%  [kernel.kallsyms]
+     7.02%  libc.so.6
+     4.08%  libssl.so.3
+     0.16%  _socket.cpython-311-x86_64-linux-gnu.so
+     0.15%  select.cpython-311-x86_64-linux-gnu.so
+     0.11%  [vdso]
+"""
+
+
+@pytest.mark.parametrize(
+    ("report", "expected"),
+    [
+        pytest.param(
+            _PERF_REPORT,
+            {
+                "Python interpreter": 0.468,
+                "OpenSSL crypto (libcrypto)": 0.2502,
+                "kernel": 0.1637,
+                "libc": 0.0702,
+                "OpenSSL TLS (libssl)": 0.0408,
+                "Python extension modules": 0.0031,
+                "other": 0.0011,
+            },
+            id="bench_connection --perf: perf's samples per library add up per part of the server",
+        ),
+        pytest.param(
+            "    47.89%  libcrypto.so.3\n    32.98%  [kernel.kallsyms]\n     3.12%  nginx\n",
+            {"OpenSSL crypto (libcrypto)": 0.4789, "kernel": 0.3298, "nginx": 0.0312},
+            id="bench_connection --perf: nginx's own code is a part of its own",
+        ),
+        pytest.param(
+            "# only comments\n#\n", {}, id="bench_connection --perf: a report without samples has no parts"
+        ),
+    ],
+)
+def test_bench_connection_perf_shares(report: str, expected: dict[str, float]) -> None:
+    assert bench_connection.shares(report) == pytest.approx(expected)
+
+
+@pytest.mark.skipif(
+    shutil.which("perf") is None, reason="perf is not installed (Debian: apt-get install linux-perf)"
+)
+def test_bench_connection_perf_beside_nginx() -> None:
+    """bench_connection --perf --nginx: each server's CPU per request split by library, both servers."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/bench_connection.py",
+            "--nginx",
+            "--perf",
+            "--connections",
+            "200",
+            "--clients",
+            "2",
+            "--repeat",
+            "1",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for server, own in (("gateway", "Python interpreter"), ("nginx", "nginx")):
+        table = proc.stdout.split(f"ecdsa: {server}: where the CPU went", 1)
+        assert len(table) == 2, proc.stdout
+        for part in (own, "OpenSSL crypto (libcrypto)", "kernel"):
+            assert re.search(rf"^  {re.escape(part)} +\d+ +\d+ +-?\d+$", table[1], re.M), (part, proc.stdout)
