@@ -171,6 +171,7 @@ def _own_view(review: BucketPercentiles, work: BucketPercentiles | None) -> str:
 
 def table(result: RunResult) -> str:
     """The terminal table: one row per phase and load point, then ratios and errors."""
+    o = result.options
     head = _row([name for name, _ in _COLUMNS])
     lines = [describe(result), "", head, "-" * len(head)]
     for point in medians(result):
@@ -195,7 +196,7 @@ def table(result: RunResult) -> str:
                 lines.append(_row([f"  {cls}", "", f"n={s.count:,}", *_latency_cells(s)]))
             if r.gateway_review is not None:
                 lines.append(_own_view(r.gateway_review, r.gateway_work))
-            lines.extend(_phase_details(r))
+            lines.extend(_phase_details(r, None if o.target or name == "direct" else o.gateway_cpu))
         if "direct" in point and "nginx" in point:
             lines.append(_ratio_row("nginx ratio", point["nginx"], point["direct"]))
         if "direct" in point and "gateway" in point:
@@ -281,8 +282,9 @@ def _versus_nginx(g: PhaseResult, n: PhaseResult) -> str:
     )
 
 
-def _phase_details(r: PhaseResult) -> list[str]:
+def _phase_details(r: PhaseResult, allowance: float | None) -> list[str]:
     """Under a phase's row: its schedule's segments, the generator's connections and its own load,
+    the measured server's CPU (as a share of ``allowance``, its CFS quota in CPUs, when it has one),
     the gateway's garbage collections."""
     lines = []
     for seg in r.segments or []:
@@ -332,6 +334,13 @@ def _phase_details(r: PhaseResult) -> list[str]:
         lines.append(
             f"  generator: {r.generator_cpu_us_per_review:,.0f} µs CPU per review, "
             f"{_f(r.generator_cpu_pct, '{:.0f}')} % of a core{lag}{gc_note}"
+        )
+    if allowance is not None and r.cpu_s is not None and r.elapsed_s > 0:
+        # Offered reviews/s × CPU per review against the quota: at 100 % the queue can only grow.
+        used = r.cpu_s / r.elapsed_s
+        lines.append(
+            f"  CPU: the {r.name} process used {used:.2f} of a CPU, {100 * used / allowance:.0f} % of its "
+            f"allowance ({allowance:g} of a CPU)"
         )
     if r.cpu_wait_pct is not None or r.generator_cpu_wait_pct is not None:
         lines.append(

@@ -24,8 +24,8 @@ from gateway.observability import Metrics
 from loadtests.__main__ import parse_rates
 from loadtests.drive import arrival_offsets, drive_closed_loop, drive_open_loop
 from loadtests.fixtures import SLOW_LABEL, review_templates
-from loadtests.report import describe
-from loadtests.runner import Options, run
+from loadtests.report import describe, table
+from loadtests.runner import Options, RunResult, run
 from loadtests.scenarios import SCENARIOS, Expectation, build, expect_direct, expect_gateway, write_configs
 from loadtests.soak import ConfigChurn, reload_counts, summarize_rss
 from loadtests.stats import (
@@ -826,3 +826,52 @@ def test_soak_reloads_are_applied_and_rss_is_sampled(args: list[str], tmp_path: 
     assert rss["summary"]["last_mb"] == rss["series"][-1]["mb"]
     assert "configuration reloads in gateway phases" in proc.stdout
     assert "gateway RSS" in proc.stdout
+
+
+def _server_phase(name: str, *, cpu_s: float | None, elapsed_s: float = 10.0) -> PhaseResult:
+    latency = LatencySummary.of([0.001, 0.002])
+    return PhaseResult(
+        name=name,
+        elapsed_s=elapsed_s,
+        ok=2,
+        errors={},
+        injected=0,
+        throughput_rps=0.2,
+        latency=latency,
+        by_class={},
+        cpu_s=cpu_s,
+    )
+
+
+@pytest.mark.parametrize(
+    ("gateway_cpu", "phases", "expected"),
+    [
+        pytest.param(
+            0.5,
+            [_server_phase("gateway", cpu_s=4.9), _server_phase("nginx", cpu_s=0.2)],
+            [
+                "  CPU: the gateway process used 0.49 of a CPU, 98 % of its allowance (0.5 of a CPU)",
+                "  CPU: the nginx process used 0.02 of a CPU, 4 % of its allowance (0.5 of a CPU)",
+            ],
+            id="--gateway-cpu: each measured server's CPU as a share of its quota (at 100 % its queue only grows)",
+        ),
+        pytest.param(
+            0.5,
+            [_server_phase("direct", cpu_s=3.0)],
+            [],
+            id="--gateway-cpu: the direct row's CPU is the backends', which run without the quota: no share",
+        ),
+        pytest.param(
+            None,
+            [_server_phase("gateway", cpu_s=4.9)],
+            [],
+            id="without --gateway-cpu there is no allowance to share",
+        ),
+    ],
+)
+def test_the_report_gives_each_servers_cpu_as_a_share_of_its_quota(
+    gateway_cpu: float | None, phases: list[PhaseResult], expected: list[str]
+) -> None:
+    opts = Options(duration=10, gateway_cpu=gateway_cpu, progress=False)
+    result = RunResult(scenario=build("passthrough"), options=opts, points=[{p.name: [p] for p in phases}])
+    assert [line for line in table(result).splitlines() if line.startswith("  CPU: ")] == expected
