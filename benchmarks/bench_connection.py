@@ -325,6 +325,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     args.breakdowns = {}
+    if args.perf and args.profile != "-":
+        parser.error("--perf and --profile measure apart: give one of them")
     if args.perf and shutil.which("perf") is None:
         raise SystemExit("--perf needs perf on PATH (Debian: apt-get install linux-perf)")
 

@@ -138,3 +138,19 @@ def test_bench_connection_perf_beside_nginx() -> None:
         assert len(table) == 2, proc.stdout
         for part in (own, "OpenSSL crypto (libcrypto)", "kernel"):
             assert re.search(rf"^  {re.escape(part)} +\d+ +\d+ +-?\d+$", table[1], re.M), (part, proc.stdout)
+
+
+def test_bench_connection_refuses_perf_with_profile() -> None:
+    """bench_connection: --perf and --profile (cProfile) together are refused with one line, exit 2."""
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/bench_connection.py", "--perf", "--profile", "out.prof"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert (
+        proc.stderr.strip().splitlines()[-1].endswith("--perf and --profile measure apart: give one of them")
+    )
