@@ -14,6 +14,20 @@ import pytest
 from benchmarks import bench_connection
 
 ROOT = Path(__file__).resolve().parent.parent
+# A small run: enough connections to read a difference in clock ticks, one repeat.
+SMALL = ("--connections", "200", "--clients", "2", "--repeat", "1")
+
+
+def run_bench_connection(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``benchmarks/bench_connection.py`` run as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "benchmarks/bench_connection.py", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 @pytest.mark.parametrize(
@@ -30,26 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
     ],
 )
 def test_bench_connection_beside_nginx(key_type: str) -> None:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "benchmarks/bench_connection.py",
-            "--nginx",
-            "--key-type",
-            key_type,
-            "--connections",
-            "200",
-            "--clients",
-            "2",
-            "--repeat",
-            "1",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    proc = run_bench_connection("--nginx", "--key-type", key_type, *SMALL, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert re.search(rf"^{key_type}: server CPU per request: new connection \d+ µs", proc.stdout, re.M), (
         proc.stdout
@@ -113,25 +108,7 @@ def test_bench_connection_perf_shares(report: str, expected: dict[str, float]) -
 )
 def test_bench_connection_perf_beside_nginx() -> None:
     """bench_connection --perf --nginx: each server's CPU per request split by library, both servers."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "benchmarks/bench_connection.py",
-            "--nginx",
-            "--perf",
-            "--connections",
-            "200",
-            "--clients",
-            "2",
-            "--repeat",
-            "1",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
+    proc = run_bench_connection("--nginx", "--perf", *SMALL, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
     for server, own in (("gateway", "Python interpreter"), ("nginx", "nginx")):
         table = proc.stdout.split(f"ecdsa: {server}: where the CPU went", 1)
@@ -142,14 +119,7 @@ def test_bench_connection_perf_beside_nginx() -> None:
 
 def test_bench_connection_refuses_perf_with_profile() -> None:
     """bench_connection: --perf and --profile (cProfile) together are refused with one line, exit 2."""
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/bench_connection.py", "--perf", "--profile", "out.prof"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = run_bench_connection("--perf", "--profile", "out.prof", timeout=60)
     assert proc.returncode == 2
     assert (
         proc.stderr.strip().splitlines()[-1].endswith("--perf and --profile measure apart: give one of them")
