@@ -34,7 +34,6 @@ The whole connection, with a real review, beside nginx's: ``python -m loadtests 
 from __future__ import annotations
 
 import argparse
-import collections
 import multiprocessing
 import os
 import re
@@ -196,14 +195,15 @@ def part_of(dso: str) -> str:
 
 def shares(report: str) -> dict[str, float]:
     """Fractions of the samples per part, from ``perf report --sort dso --stdio`` text."""
-    out: collections.Counter[str] = collections.Counter()
+    out: dict[str, float] = {}
     for line in report.splitlines():
         if line.startswith("#"):
             continue
         match = _DSO_LINE.match(line)
         if match:
-            out[part_of(match[2])] += float(match[1]) / 100
-    return dict(out)
+            part = part_of(match[2])
+            out[part] = out.get(part, 0.0) + float(match[1]) / 100
+    return out
 
 
 def _perf_phase(pid: int, phase: Callable[[], float], out: str) -> dict[str, float]:
@@ -236,9 +236,12 @@ def _perf_phase(pid: int, phase: Callable[[], float], out: str) -> dict[str, flo
     return found
 
 
+Breakdown = dict[str, tuple[float, float, float]]  # part: µs with a new connection, kept, difference
+
+
 def _breakdown(
     pid: int, port: int, ca_pem: str, args: argparse.Namespace, *, medians: tuple[float, ...], out: str
-) -> dict[str, tuple[float, float, float]]:
+) -> Breakdown:
     """Per part: µs per request with a new connection, over keep-alive, and their difference."""
     fresh = _perf_phase(
         pid, lambda: _phase(pid, port, ca_pem, args.connections, args.clients, per_connection=True), out
@@ -253,15 +256,18 @@ def _breakdown(
     return rows
 
 
-def _print_breakdown(label: str, rows: dict[str, tuple[float, float, float]]) -> None:
+def _print_breakdown(label: str, rows: Breakdown) -> None:
     print(f"{label}: where the CPU went (perf's shares of the medians above), µs per request:")
     print(f"  {'part':32} {'new connection':>15} {'keep-alive':>11} {'difference':>11}")
     for part, (new_us, kept_us, diff) in rows.items():
         print(f"  {part:32} {new_us:15.0f} {kept_us:11.0f} {diff:11.0f}")
 
 
-def _measure(pid: int, port: int, ca_pem: str, args: argparse.Namespace, label: str) -> tuple[float, ...]:
-    """Medians of (new connection per request, keep-alive, difference) µs of ``pid``'s CPU."""
+def _measure(
+    pid: int, port: int, ca_pem: str, args: argparse.Namespace, label: str
+) -> tuple[tuple[float, ...], Breakdown | None]:
+    """Medians of (new connection per request, keep-alive, difference) µs of ``pid``'s CPU, and with
+    ``--perf`` where that CPU went."""
     _phase(pid, port, ca_pem, 200, args.clients, per_connection=True)  # warm-up
     rows = []
     for _ in range(args.repeat):
@@ -274,17 +280,17 @@ def _measure(pid: int, port: int, ca_pem: str, args: argparse.Namespace, label: 
             flush=True,
         )
     medians = tuple(statistics.median(col) for col in zip(*rows, strict=True))
-    if args.perf:
-        with tempfile.TemporaryDirectory() as tmp:
-            args.breakdowns[label.strip()] = _breakdown(
-                pid, port, ca_pem, args, medians=medians, out=os.path.join(tmp, "perf.data")
-            )
-    return medians
+    if not args.perf:
+        return medians, None
+    with tempfile.TemporaryDirectory() as tmp:
+        return medians, _breakdown(
+            pid, port, ca_pem, args, medians=medians, out=os.path.join(tmp, "perf.data")
+        )
 
 
 def _nginx(
     tmp: str, cert_path: str, key_path: str, args: argparse.Namespace, ca_pem: str
-) -> tuple[float, ...]:
+) -> tuple[tuple[float, ...], Breakdown | None]:
     exe = processes.nginx()
     if exe is None:
         raise SystemExit("--nginx needs nginx (Debian nginx-light)")
@@ -324,7 +330,6 @@ def main() -> None:
         "--perf", action="store_true", help="split each server's CPU by library with perf (Debian linux-perf)"
     )
     args = parser.parse_args()
-    args.breakdowns = {}
     if args.perf and args.profile != "-":
         parser.error("--perf and --profile measure apart: give one of them")
     if args.perf and shutil.which("perf") is None:
@@ -355,8 +360,8 @@ def main() -> None:
                     )
                     print(f"  new connection per request {fresh:7.0f} µs (under cProfile)")
                 return
-            fresh, kept, diff = _measure(server.pid, port, ca_pem, args, "gateway")
-            floor = _nginx(tmp, cert_path, key_path, args, ca_pem) if args.nginx else None
+            (fresh, kept, diff), ours = _measure(server.pid, port, ca_pem, args, "gateway")
+            floor, theirs = _nginx(tmp, cert_path, key_path, args, ca_pem) if args.nginx else (None, None)
         finally:
             assert server.stdin is not None
             server.stdin.close()
@@ -372,8 +377,9 @@ def main() -> None:
             f"{args.key_type}: nginx: new connection {floor[0]:.0f} µs, keep-alive {floor[1]:.0f} µs; "
             f"a new connection costs {floor[2]:.0f} µs; the gateway's = {ratio} nginx's"
         )
-    for label, rows in args.breakdowns.items():
-        _print_breakdown(f"{args.key_type}: {label}", rows)
+    for label, rows in (("gateway", ours), ("nginx", theirs)):
+        if rows is not None:
+            _print_breakdown(f"{args.key_type}: {label}", rows)
 
 
 if __name__ == "__main__":
