@@ -186,6 +186,10 @@ _PARTS: tuple[tuple[str, str], ...] = (
     (r"^nginx$", "nginx"),
 )
 _DSO_LINE = re.compile(r"^\s*([\d.]+)%\s+(\S.*?)\s*$")
+# The parts every server's table lists, with or without samples: a short run can take no sample of
+# a small part (nginx's own code is ~2 % of its connection), and a row that comes and goes with the
+# sampling reads as a different server.
+_LISTED = ("OpenSSL crypto (libcrypto)", "OpenSSL TLS (libssl)", "libc", "kernel")
 
 
 def part_of(dso: str) -> str:
@@ -193,21 +197,33 @@ def part_of(dso: str) -> str:
     return next((part for pattern, part in _PARTS if re.search(pattern, dso)), "other")
 
 
-def shares(report: str) -> dict[str, float]:
-    """Fractions of the samples per part, from ``perf report --sort dso --stdio`` text."""
-    out: dict[str, float] = {}
+def _samples(report: str) -> list[tuple[str, float]]:
+    """(library, fraction of the samples) per line of ``perf report --sort dso --stdio`` text."""
+    out = []
     for line in report.splitlines():
-        if line.startswith("#"):
-            continue
-        match = _DSO_LINE.match(line)
+        match = None if line.startswith("#") else _DSO_LINE.match(line)
         if match:
-            part = part_of(match[2])
-            out[part] = out.get(part, 0.0) + float(match[1]) / 100
+            out.append((match[2], float(match[1]) / 100))
     return out
 
 
-def _perf_phase(pid: int, phase: Callable[[], float], out: str) -> dict[str, float]:
-    """Shares of ``pid``'s CPU per part while ``phase`` runs, from a ``perf record`` of it."""
+def shares(report: str) -> dict[str, float]:
+    """Fractions of the samples per part, from ``perf report --sort dso --stdio`` text."""
+    out: dict[str, float] = {}
+    for dso, fraction in _samples(report):
+        part = part_of(dso)
+        out[part] = out.get(part, 0.0) + fraction
+    return out
+
+
+def unnamed(report: str) -> list[str]:
+    """The libraries counted as ``other``, most samples first."""
+    return [dso for dso, _ in _samples(report) if part_of(dso) == "other"]
+
+
+def _perf_phase(pid: int, phase: Callable[[], float], out: str) -> tuple[dict[str, float], list[str]]:
+    """Shares of ``pid``'s CPU per part while ``phase`` runs, from a ``perf record`` of it, and the
+    libraries counted as ``other``."""
     perf = shutil.which("perf")
     assert perf is not None
     recorder = subprocess.Popen(  # noqa: S603 - fixed arguments
@@ -233,39 +249,60 @@ def _perf_phase(pid: int, phase: Callable[[], float], out: str) -> dict[str, flo
     found = shares(report)
     if not found:
         raise SystemExit(f"perf recorded no samples of process {pid}")
-    return found
+    return found, unnamed(report)
 
 
 Breakdown = dict[str, tuple[float, float, float]]  # part: µs with a new connection, kept, difference
 
 
-def _breakdown(
-    pid: int, port: int, ca_pem: str, args: argparse.Namespace, *, medians: tuple[float, ...], out: str
+def breakdown_rows(
+    fresh: dict[str, float], kept: dict[str, float], medians: tuple[float, ...], listed: tuple[str, ...]
 ) -> Breakdown:
-    """Per part: µs per request with a new connection, over keep-alive, and their difference."""
-    fresh = _perf_phase(
-        pid, lambda: _phase(pid, port, ca_pem, args.connections, args.clients, per_connection=True), out
-    )
-    kept = _perf_phase(
-        pid, lambda: _phase(pid, port, ca_pem, args.connections, args.clients, per_connection=False), out
-    )
+    """Per part, µs per request with a new connection, over keep-alive, and their difference: the
+    ``listed`` parts always (0 without samples), any other part that has samples; largest first, and
+    in the order listed among equals."""
+    parts = sorted(dict.fromkeys([*listed, *fresh, *kept]), key=lambda p: -fresh.get(p, 0.0))
     rows = {}
-    for part in sorted(set(fresh) | set(kept), key=lambda p: -fresh.get(p, 0.0)):
+    for part in parts:
         new_us, kept_us = fresh.get(part, 0.0) * medians[0], kept.get(part, 0.0) * medians[1]
         rows[part] = (new_us, kept_us, new_us - kept_us)
     return rows
 
 
-def _print_breakdown(label: str, rows: Breakdown) -> None:
+def _breakdown(
+    pid: int,
+    port: int,
+    ca_pem: str,
+    args: argparse.Namespace,
+    *,
+    medians: tuple[float, ...],
+    out: str,
+    own: str,
+) -> tuple[Breakdown, list[str]]:
+    """Per part: µs per request with a new connection, over keep-alive, and their difference; and the
+    libraries counted as ``other``. ``own`` is the server's own code, listed like ``_LISTED``."""
+    fresh, fresh_other = _perf_phase(
+        pid, lambda: _phase(pid, port, ca_pem, args.connections, args.clients, per_connection=True), out
+    )
+    kept, kept_other = _perf_phase(
+        pid, lambda: _phase(pid, port, ca_pem, args.connections, args.clients, per_connection=False), out
+    )
+    other = list(dict.fromkeys(fresh_other + kept_other))
+    return breakdown_rows(fresh, kept, medians, (own, *_LISTED)), other
+
+
+def _print_breakdown(label: str, rows: Breakdown, other: list[str]) -> None:
     print(f"{label}: where the CPU went (perf's shares of the medians above), µs per request:")
     print(f"  {'part':32} {'new connection':>15} {'keep-alive':>11} {'difference':>11}")
     for part, (new_us, kept_us, diff) in rows.items():
         print(f"  {part:32} {new_us:15.0f} {kept_us:11.0f} {diff:11.0f}")
+    if other:
+        print(f"  other: {', '.join(other)}")
 
 
 def _measure(
-    pid: int, port: int, ca_pem: str, args: argparse.Namespace, label: str
-) -> tuple[tuple[float, ...], Breakdown | None]:
+    pid: int, port: int, ca_pem: str, args: argparse.Namespace, label: str, *, own: str
+) -> tuple[tuple[float, ...], tuple[Breakdown, list[str]] | None]:
     """Medians of (new connection per request, keep-alive, difference) µs of ``pid``'s CPU, and with
     ``--perf`` where that CPU went."""
     _phase(pid, port, ca_pem, 200, args.clients, per_connection=True)  # warm-up
@@ -284,13 +321,13 @@ def _measure(
         return medians, None
     with tempfile.TemporaryDirectory() as tmp:
         return medians, _breakdown(
-            pid, port, ca_pem, args, medians=medians, out=os.path.join(tmp, "perf.data")
+            pid, port, ca_pem, args, medians=medians, out=os.path.join(tmp, "perf.data"), own=own
         )
 
 
 def _nginx(
     tmp: str, cert_path: str, key_path: str, args: argparse.Namespace, ca_pem: str
-) -> tuple[tuple[float, ...], Breakdown | None]:
+) -> tuple[tuple[float, ...], tuple[Breakdown, list[str]] | None]:
     exe = processes.nginx()
     if exe is None:
         raise SystemExit("--nginx needs nginx (Debian nginx-light)")
@@ -312,7 +349,7 @@ def _nginx(
                 if time.monotonic() > deadline:
                     raise SystemExit("nginx is not listening after 10 s") from None
                 time.sleep(0.05)
-        return _measure(proc.pid, port, ca_pem, args, "nginx  ")
+        return _measure(proc.pid, port, ca_pem, args, "nginx  ", own="nginx")
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -360,7 +397,9 @@ def main() -> None:
                     )
                     print(f"  new connection per request {fresh:7.0f} µs (under cProfile)")
                 return
-            (fresh, kept, diff), ours = _measure(server.pid, port, ca_pem, args, "gateway")
+            (fresh, kept, diff), ours = _measure(
+                server.pid, port, ca_pem, args, "gateway", own="Python interpreter"
+            )
             floor, theirs = _nginx(tmp, cert_path, key_path, args, ca_pem) if args.nginx else (None, None)
         finally:
             assert server.stdin is not None
@@ -377,9 +416,9 @@ def main() -> None:
             f"{args.key_type}: nginx: new connection {floor[0]:.0f} µs, keep-alive {floor[1]:.0f} µs; "
             f"a new connection costs {floor[2]:.0f} µs; the gateway's = {ratio} nginx's"
         )
-    for label, rows in (("gateway", ours), ("nginx", theirs)):
-        if rows is not None:
-            _print_breakdown(f"{args.key_type}: {label}", rows)
+    for label, where in (("gateway", ours), ("nginx", theirs)):
+        if where is not None:
+            _print_breakdown(f"{args.key_type}: {label}", *where)
 
 
 if __name__ == "__main__":

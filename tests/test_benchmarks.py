@@ -103,6 +103,50 @@ def test_bench_connection_perf_shares(report: str, expected: dict[str, float]) -
     assert bench_connection.shares(report) == pytest.approx(expected)
 
 
+def test_bench_connection_perf_names_what_it_counts_as_other() -> None:
+    """bench_connection --perf: the libraries counted as "other" are named, most samples first."""
+    assert bench_connection.unnamed(_PERF_REPORT) == ["[vdso]"]
+
+
+@pytest.mark.parametrize(
+    ("fresh", "kept", "expected"),
+    [
+        pytest.param(
+            {"kernel": 0.4, "OpenSSL crypto (libcrypto)": 0.6},
+            {"kernel": 1.0},
+            {
+                "OpenSSL crypto (libcrypto)": (240.0, 0.0, 240.0),
+                "kernel": (160.0, 50.0, 110.0),
+                "nginx": (0.0, 0.0, 0.0),
+                "OpenSSL TLS (libssl)": (0.0, 0.0, 0.0),
+                "libc": (0.0, 0.0, 0.0),
+            },
+            id="bench_connection --perf: a listed part without a sample is a row of zeros, not missing",
+        ),
+        pytest.param(
+            {"nginx": 0.5, "other": 0.5},
+            {"nginx": 1.0},
+            {
+                "nginx": (200.0, 50.0, 150.0),
+                "other": (200.0, 0.0, 200.0),
+                "OpenSSL crypto (libcrypto)": (0.0, 0.0, 0.0),
+                "OpenSSL TLS (libssl)": (0.0, 0.0, 0.0),
+                "libc": (0.0, 0.0, 0.0),
+                "kernel": (0.0, 0.0, 0.0),
+            },
+            id="bench_connection --perf: a part not listed appears when it has samples, largest first",
+        ),
+    ],
+)
+def test_bench_connection_perf_rows(
+    fresh: dict[str, float], kept: dict[str, float], expected: dict[str, tuple[float, float, float]]
+) -> None:
+    listed = ("nginx", "OpenSSL crypto (libcrypto)", "OpenSSL TLS (libssl)", "libc", "kernel")
+    rows = bench_connection.breakdown_rows(fresh, kept, (400.0, 50.0, 350.0), listed)
+    assert {part: tuple(round(us, 6) for us in row) for part, row in rows.items()} == expected
+    assert list(rows) == list(expected)
+
+
 @pytest.mark.skipif(
     shutil.which("perf") is None, reason="perf is not installed (Debian: apt-get install linux-perf)"
 )
@@ -113,8 +157,12 @@ def test_bench_connection_perf_beside_nginx() -> None:
     for server, own in (("gateway", "Python interpreter"), ("nginx", "nginx")):
         table = proc.stdout.split(f"ecdsa: {server}: where the CPU went", 1)
         assert len(table) == 2, proc.stdout
-        for part in (own, "OpenSSL crypto (libcrypto)", "kernel"):
+        # Every listed part has its row, sampled or not (a short run may take no sample of nginx's code).
+        for part in (own, "OpenSSL crypto (libcrypto)", "OpenSSL TLS (libssl)", "libc", "kernel"):
             assert re.search(rf"^  {re.escape(part)} +\d+ +\d+ +-?\d+$", table[1], re.M), (part, proc.stdout)
+        # Both servers spend most of a new connection in libcrypto and the kernel.
+        crypto = re.search(r"^  OpenSSL crypto \(libcrypto\) +(\d+) ", table[1], re.M)
+        assert crypto is not None and int(crypto[1]) > 0, proc.stdout
 
 
 def test_bench_connection_refuses_perf_with_profile() -> None:
