@@ -172,3 +172,34 @@ def test_bench_connection_refuses_perf_with_profile() -> None:
     assert (
         proc.stderr.strip().splitlines()[-1].endswith("--perf and --profile measure apart: give one of them")
     )
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "expected"),
+    [
+        pytest.param(
+            ("--requests", "50", "--repeat", "1"),
+            0,
+            r"request of 8400 bytes in 3 TLS records.*\n.*the gateway's\): +\d+\.\d µs\n"
+            r".*memory BIO: +\d+\.\d µs\n  the memory BIO saves -?\d+\.\d µs per request",
+            id="bench_tls_read: the gateway's way of reading records beside a memory BIO, same client",
+        ),
+        pytest.param(
+            ("--records", "1100,0"),
+            2,
+            r"--records: one or more sizes in bytes, each at least 1",
+            id="bench_tls_read: a record size below one byte is refused with one line, exit 2",
+        ),
+    ],
+)
+def test_bench_tls_read(args: tuple[str, ...], code: int, expected: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/bench_tls_read.py", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == code, proc.stderr[-2000:]
+    assert re.search(expected, proc.stdout + proc.stderr), proc.stdout + proc.stderr
