@@ -176,7 +176,7 @@ def backends(
 ) -> Iterator[Backends]:
     running = start_backends(tmp_path_factory.mktemp("e2e-backends"), tls)
     control_plane.kubectl("apply", "-f", "-", input=json.dumps(WIDGET_CRD))
-    control_plane.kubectl("wait", "--for=condition=Established", "crd/widgets.e2e.example.com")
+    control_plane.wait_established("widgets.e2e.example.com")
     yield running
     running.stop()
 

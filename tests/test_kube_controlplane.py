@@ -30,6 +30,51 @@ def test_writes_reach_the_audit_log_with_their_annotations(
     assert event["annotations"]["authorization.k8s.io/decision"] == "allow"
 
 
+@pytest.mark.parametrize(
+    "exists",
+    [
+        pytest.param(True, id="wait_established returns once a CRD just created is Established"),
+        pytest.param(False, id="wait_established fails naming a CRD that is not there when its time is up"),
+    ],
+)
+def test_wait_established(control_plane: ControlPlane, exists: bool) -> None:
+    name = f"w{os.urandom(4).hex()}s.wait.example.com"
+    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    if exists:
+        plural, group = name.split(".", 1)
+        body = {
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": name},
+            "spec": {
+                "group": group,
+                "scope": "Namespaced",
+                "names": {"plural": plural, "singular": plural[:-1], "kind": "W" + plural[1:-1]},
+                "versions": [
+                    {
+                        "name": "v1",
+                        "served": True,
+                        "storage": True,
+                        "schema": {"openAPIV3Schema": {"type": "object"}},
+                    }
+                ],
+            },
+        }
+        assert control_plane.api("POST", path, body)[0] == 201
+        try:
+            control_plane.wait_established(name)  # at once after the create: no conditions yet, at first
+            status, got = control_plane.api("GET", f"{path}/{name}")
+        finally:
+            control_plane.api("DELETE", f"{path}/{name}")  # the plane is shared by the session
+        assert status == 200
+        assert {"type": "Established", "status": "True"}.items() <= next(
+            c for c in got["status"]["conditions"] if c["type"] == "Established"
+        ).items()
+    else:
+        with pytest.raises(AssertionError, match=rf"CRD {name} not Established within 0.3 s \(HTTP 404"):
+            control_plane.wait_established(name, timeout=0.3)
+
+
 def test_compact_compacts_etcd_at_its_current_revision(
     control_plane: ControlPlane, kube_namespace: str
 ) -> None:

@@ -109,7 +109,7 @@ def setup(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory)
     try:
         control_plane.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(live))
         for doc in live:
-            control_plane.kubectl("wait", "--for=condition=Established", f"crd/{doc['metadata']['name']}")
+            control_plane.wait_established(doc["metadata"]["name"])
         namespace = control_plane.create_namespace(f"conv-{RUN}")
         yield Setup(control_plane, backends, gateway, namespace)
     finally:

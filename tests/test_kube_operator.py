@@ -121,7 +121,7 @@ def test_audit_lists_page_by_page_and_its_policy_reports_are_stored(
         (tmp_path / "report.yaml").write_text(reports.stdout)
         for crd in sorted(CRDS.glob("*.yaml")):
             control_plane.kubectl("apply", "--server-side", "-f", str(crd))
-        control_plane.kubectl("wait", "--for=condition=Established", "crd/policyreports.wgpolicyk8s.io")
+        control_plane.wait_established("policyreports.wgpolicyk8s.io")
         stored = control_plane.kubectl("apply", "-f", str(tmp_path / "report.yaml"), check=False)
         assert stored.returncode == 0, stored.stderr
         (kept,) = json.loads(

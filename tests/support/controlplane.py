@@ -195,6 +195,26 @@ class ControlPlane:
             raw, status = exc.read(), exc.code
         return status, (json.loads(raw) if raw else None)
 
+    def wait_established(self, name: str, *, timeout: float = 60.0) -> None:
+        """Wait until the CRD ``name`` is served (its ``Established`` condition is True).
+
+        Not ``kubectl wait --for=condition=Established``: it fails at once, instead of waiting, when
+        it reads a CRD whose ``status.conditions`` is not set yet (kubernetes/kubernetes#66439).
+        """
+        deadline = time.monotonic() + timeout
+        conditions: Any = None
+        while True:
+            status, crd = self.api("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+            if status == 200:
+                conditions = (crd.get("status") or {}).get("conditions") or []
+                if any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions):
+                    return
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"CRD {name} not Established within {timeout} s (HTTP {status}, conditions {conditions})"
+                )
+            time.sleep(0.05)
+
     def create_namespace(self, name: str | None = None, labels: dict[str, str] | None = None) -> str:
         name = name or f"t-{uuid.uuid4().hex[:10]}"
         status, body = self.api(
