@@ -47,47 +47,69 @@ def _client(port: int, ca_pem: str, records: list[int], requests: int) -> None:
 
 
 Reader = tuple[Callable[[], None], Callable[[bytes], None]]  # read one request, answer it
+_SILENCE = 10.0  # seconds a reader waits for the client before it gives up
 
 
-def _socket_reader(raw: socket.socket, context: ssl.SSLContext, size: int) -> Reader:
+def _poller(sock: socket.socket) -> select.poll:
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
+    return poller
+
+
+def _wait(poller: select.poll, silence: float) -> None:
+    """Until the socket is readable; a client silent for ``silence`` seconds ends the run."""
+    if not poller.poll(silence * 1000):
+        raise SystemExit(f"the client sent nothing for {silence:g} s")
+
+
+def socket_reader(
+    raw: socket.socket, context: ssl.SSLContext, size: int, *, silence: float = _SILENCE
+) -> Reader:
     """The gateway's discipline: ``recv`` on the ``SSLSocket``, and on after a short record only if
     a zero-timeout ``poll`` says more bytes are there."""
-    tls = context.wrap_socket(raw, server_side=True)  # blocking handshake, then non-blocking
+    raw.settimeout(silence)  # the handshake blocks, at most this long
+    tls = context.wrap_socket(raw, server_side=True)
     tls.setblocking(False)
-    poller = select.poll()
-    poller.register(tls.fileno(), select.POLLIN)
+    poller = _poller(tls)
+
+    def recv() -> int:
+        data = tls.recv(65536)
+        if not data:
+            raise SystemExit("the client closed the connection")
+        return len(data)
 
     def read() -> None:
         got = 0
         while got < size:
             try:
-                got += len(tls.recv(65536))
+                got += recv()
             except ssl.SSLWantReadError:
-                poller.poll()
+                _wait(poller, silence)
                 continue
             while got < size and poller.poll(0):
                 try:
-                    got += len(tls.recv(65536))
+                    got += recv()
                 except ssl.SSLWantReadError:
                     break
 
     return read, tls.send
 
 
-def _bio_reader(raw: socket.socket, context: ssl.SSLContext, size: int) -> Reader:
+def bio_reader(
+    raw: socket.socket, context: ssl.SSLContext, size: int, *, silence: float = _SILENCE
+) -> Reader:
     """One ``recv`` of whatever is there into a memory BIO, the records decrypted from it."""
     incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
     tls = context.wrap_bio(incoming, outgoing, server_side=True)
     raw.setblocking(False)
-    poller = select.poll()
-    poller.register(raw.fileno(), select.POLLIN)
+    poller = _poller(raw)
 
     def fill() -> None:
         while True:
             try:
                 data = raw.recv(262144)
             except BlockingIOError:
-                poller.poll()
+                _wait(poller, silence)
                 continue
             if not data:
                 raise SystemExit("the client closed the connection")
@@ -107,10 +129,17 @@ def _bio_reader(raw: socket.socket, context: ssl.SSLContext, size: int) -> Reade
         got = 0
         while got < size:
             try:
-                got += len(tls.read(65536))
+                data = tls.read(65536)
             except ssl.SSLWantReadError:
-                raw.sendall(outgoing.read())  # TLS 1.3 session tickets, once
+                try:
+                    raw.sendall(outgoing.read())  # TLS 1.3 session tickets, once
+                except OSError:
+                    raise SystemExit("the client closed the connection") from None
                 fill()
+                continue
+            if not data:  # the client's close_notify
+                raise SystemExit("the client closed the connection")
+            got += len(data)
 
     def answer(data: bytes) -> None:
         tls.write(data)
@@ -132,10 +161,16 @@ def measure(kind: str, records: list[int], requests: int) -> float:
             args=(listener.getsockname()[1], ca.cert_pem.bytes().decode(), records, _WARM + requests),
         )
         client.start()
-        raw, _ = listener.accept()
+        listener.settimeout(_SILENCE)
+        try:
+            raw, _ = listener.accept()
+        except TimeoutError:
+            client.kill()
+            raise SystemExit(f"the client did not connect within {_SILENCE:g} s") from None
+    cpu = None
     try:
         raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        make = _socket_reader if kind == "socket" else _bio_reader
+        make = socket_reader if kind == "socket" else bio_reader
         read, answer = make(raw, context, sum(records))
         for _ in range(_WARM):
             read()
@@ -146,8 +181,11 @@ def measure(kind: str, records: list[int], requests: int) -> float:
             answer(b"k")
         cpu = time.process_time() - started
     finally:
-        client.join(timeout=60)
         raw.close()
+        client.join(timeout=60 if cpu is not None else 0)  # a failed run does not wait for it
+        if client.is_alive():
+            client.kill()
+            client.join()
     if client.exitcode != 0:
         raise SystemExit(f"the client failed (exit code {client.exitcode})")
     return cpu * 1e6 / requests

@@ -3,15 +3,21 @@ docs/performance.md: no timing is asserted here)."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
+import socket
+import ssl
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
+import trustme
 
-from benchmarks import bench_connection
+from benchmarks import bench_connection, bench_tls_read
 
 ROOT = Path(__file__).resolve().parent.parent
 # A small run: enough connections to read a difference in clock ticks, one repeat.
@@ -203,3 +209,66 @@ def test_bench_tls_read(args: tuple[str, ...], code: int, expected: str) -> None
     )
     assert proc.returncode == code, proc.stderr[-2000:]
     assert re.search(expected, proc.stdout + proc.stderr), proc.stdout + proc.stderr
+
+
+def _tls_client(port: int, ca_pem: str, ending: str) -> None:
+    """Handshakes, sends part of a request, then ends as ``ending`` says."""
+    context = ssl.create_default_context(cadata=ca_pem)
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        tls = context.wrap_socket(raw, server_hostname="127.0.0.1")
+        tls.sendall(b"x" * 100)
+        if ending == "close_notify":
+            with contextlib.suppress(OSError):
+                tls.unwrap()  # sends close_notify, then waits for the server's (which never comes)
+        elif ending == "silent":
+            time.sleep(2)
+        tls.close()
+
+
+@pytest.mark.parametrize("kind", ["socket", "bio"])
+@pytest.mark.parametrize(
+    ("ending", "message"),
+    [
+        pytest.param(
+            "close", "the client closed the connection", id="a client that closes mid-request ends the run"
+        ),
+        pytest.param(
+            "close_notify",
+            "the client closed the connection",
+            id="a client that sends close_notify mid-request ends the run",
+        ),
+        pytest.param("silent", "the client sent nothing for 0.5 s", id="a silent client ends the run"),
+    ],
+)
+def test_bench_tls_read_readers_end_on_a_client_that_is_gone(kind: str, ending: str, message: str) -> None:
+    """bench_tls_read: each reader ends with one line, within its bound, when its client goes away or
+    falls silent mid-request (it must not spin or wait for ever)."""
+    ca = trustme.CA(key_type=trustme.KeyType.ECDSA)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1", key_type=trustme.KeyType.ECDSA).configure_cert(context)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        client = threading.Thread(
+            target=_tls_client, args=(listener.getsockname()[1], ca.cert_pem.bytes().decode(), ending)
+        )
+        client.start()
+        raw, _ = listener.accept()
+    make = bench_tls_read.socket_reader if kind == "socket" else bench_tls_read.bio_reader
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            read, _ = make(raw, context, 8400, silence=0.5)
+            read()
+        except BaseException as exc:  # the outcome is checked below
+            outcome.append(exc)
+
+    reader = threading.Thread(target=run, daemon=True)  # daemon: a reader that spins must not hang the run
+    reader.start()
+    reader.join(timeout=10)
+    client.join(timeout=10)
+    raw.close()
+    assert not reader.is_alive(), "the reader neither read a request nor gave up"
+    assert len(outcome) == 1 and isinstance(outcome[0], SystemExit), outcome
+    assert str(outcome[0]) == message
