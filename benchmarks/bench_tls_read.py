@@ -148,17 +148,23 @@ def bio_reader(
     return read, answer
 
 
-def measure(kind: str, records: list[int], requests: int) -> float:
-    """Microseconds of this process's CPU per request read with ``kind`` ("socket" or "bio")."""
+def server_context() -> tuple[str, ssl.SSLContext]:
+    """A new CA's PEM and a server context with an ECDSA P-256 certificate for 127.0.0.1 it issued."""
     ca = trustme.CA(key_type=trustme.KeyType.ECDSA)
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("127.0.0.1", key_type=trustme.KeyType.ECDSA).configure_cert(context)
+    return ca.cert_pem.bytes().decode(), context
+
+
+def measure(kind: str, records: list[int], requests: int) -> float:
+    """Microseconds of this process's CPU per request read with ``kind`` ("socket" or "bio")."""
+    ca_pem, context = server_context()
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
         client = multiprocessing.get_context("spawn").Process(
             target=_client,
-            args=(listener.getsockname()[1], ca.cert_pem.bytes().decode(), records, _WARM + requests),
+            args=(listener.getsockname()[1], ca_pem, records, _WARM + requests),
         )
         client.start()
         listener.settimeout(_SILENCE)

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-import trustme
 
 from benchmarks import bench_connection, bench_tls_read
 
@@ -243,15 +242,11 @@ def _tls_client(port: int, ca_pem: str, ending: str) -> None:
 def test_bench_tls_read_readers_end_on_a_client_that_is_gone(kind: str, ending: str, message: str) -> None:
     """bench_tls_read: each reader ends with one line, within its bound, when its client goes away or
     falls silent mid-request (it must not spin or wait for ever)."""
-    ca = trustme.CA(key_type=trustme.KeyType.ECDSA)
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("127.0.0.1", key_type=trustme.KeyType.ECDSA).configure_cert(context)
+    ca_pem, context = bench_tls_read.server_context()
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()
-        client = threading.Thread(
-            target=_tls_client, args=(listener.getsockname()[1], ca.cert_pem.bytes().decode(), ending)
-        )
+        client = threading.Thread(target=_tls_client, args=(listener.getsockname()[1], ca_pem, ending))
         client.start()
         raw, _ = listener.accept()
     make = bench_tls_read.socket_reader if kind == "socket" else bench_tls_read.bio_reader
