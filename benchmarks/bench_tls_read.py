@@ -73,7 +73,10 @@ def socket_reader(
     poller = _poller(tls)
 
     def recv() -> int:
-        data = tls.recv(65536)
+        try:
+            data = tls.recv(65536)
+        except ConnectionError:  # a reset: a close with bytes unread (the server's tickets) is one
+            raise SystemExit("the client closed the connection") from None
         if not data:
             raise SystemExit("the client closed the connection")
         return len(data)
@@ -111,19 +114,24 @@ def bio_reader(
             except BlockingIOError:
                 _wait(poller, silence)
                 continue
+            except ConnectionError:  # a reset: a close with bytes unread (the server's tickets) is one
+                raise SystemExit("the client closed the connection") from None
             if not data:
                 raise SystemExit("the client closed the connection")
             incoming.write(data)
             return
 
-    while True:
-        try:
-            tls.do_handshake()
-            break
-        except ssl.SSLWantReadError:
-            raw.sendall(outgoing.read())
-            fill()
-    raw.sendall(outgoing.read())
+    try:
+        while True:
+            try:
+                tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                raw.sendall(outgoing.read())
+                fill()
+        raw.sendall(outgoing.read())
+    except ConnectionError:  # reset during the handshake
+        raise SystemExit("the client closed the connection") from None
 
     def read() -> None:
         got = 0

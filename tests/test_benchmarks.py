@@ -8,6 +8,7 @@ import re
 import shutil
 import socket
 import ssl
+import struct
 import subprocess
 import sys
 import threading
@@ -221,6 +222,8 @@ def _tls_client(port: int, ca_pem: str, ending: str) -> None:
                 tls.unwrap()  # sends close_notify, then waits for the server's (which never comes)
         elif ending == "silent":
             time.sleep(2)
+        elif ending == "reset":
+            tls.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         tls.close()
 
 
@@ -235,6 +238,11 @@ def _tls_client(port: int, ca_pem: str, ending: str) -> None:
             "close_notify",
             "the client closed the connection",
             id="a client that sends close_notify mid-request ends the run",
+        ),
+        pytest.param(
+            "reset",
+            "the client closed the connection",
+            id="a client that resets mid-request ends the run (as a close with the server's tickets unread does)",
         ),
         pytest.param("silent", "the client sent nothing for 0.5 s", id="a silent client ends the run"),
     ],
