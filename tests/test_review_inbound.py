@@ -9,11 +9,14 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.admission import GroupVersionKind, GroupVersionResource, Status, StatusCause, StatusDetails
 from gateway.errors import BadReview
 from gateway.review import (
     InboundReview,
+    ReplyTemplate,
     decode_inbound,
     encode_bad_request_status,
     encode_reply,
@@ -348,70 +351,85 @@ _PATCH = (
 )
 
 
-@pytest.mark.parametrize(
-    ("inbound_fixture", "kwargs", "reply_fixture"),
-    [
-        pytest.param(
-            "create-pod.v1.json",
-            {"allowed": True},
-            "allow.v1.json",
-            id="REV-02: a v1 allow echoes version and uid",
-        ),
-        pytest.param(
-            "create-pod.v1.json",
-            {
-                "allowed": True,
-                "patch": _PATCH,
-                "warnings": ["tag :latest is discouraged"],
-                "audit_annotations": {
-                    "images.policy.example.com_violation": "registry",
-                    "mutation.round_0_index_0": json.dumps(
-                        {"configuration": "labels", "webhook": "team.labels.example.com", "mutated": True},
-                        separators=(",", ":"),
-                    ),
-                },
-            },
-            "patch.v1.json",
-            id="GW-16: a patch is base64 with patchType JSONPatch, plus annotations and warnings",
-        ),
-        pytest.param(
-            "create-pod.v1.json",
-            {
-                "allowed": False,
-                "status": Status(
-                    status="Failure",
-                    code=500,
-                    reason="InternalError",
-                    message=f"Internal error occurred: {_TIMEOUT_CAUSE}",
-                    details=StatusDetails(causes=[StatusCause(message=_TIMEOUT_CAUSE)]),
+REPLIES = [
+    pytest.param(
+        "create-pod.v1.json",
+        {"allowed": True},
+        "allow.v1.json",
+        id="REV-02: a v1 allow echoes version and uid",
+    ),
+    pytest.param(
+        "create-pod.v1.json",
+        {
+            "allowed": True,
+            "patch": _PATCH,
+            "warnings": ["tag :latest is discouraged"],
+            "audit_annotations": {
+                "images.policy.example.com_violation": "registry",
+                "mutation.round_0_index_0": json.dumps(
+                    {"configuration": "labels", "webhook": "team.labels.example.com", "mutated": True},
+                    separators=(",", ":"),
                 ),
-                "warnings": ["tag :latest is discouraged"],
             },
-            "deny.v1.json",
-            id="ERR-08: a fail-closed deny is an HTTP 200 review with the ERR-02 status",
-        ),
-        pytest.param(
-            "create-pod.v1beta1.json",
-            {
-                "allowed": False,
-                "status": Status(
-                    status="Failure",
-                    code=403,
-                    reason="Forbidden",
-                    message='admission webhook "images.policy.example.com" denied the request: '
-                    "image registry not allowed",
-                ),
-                "audit_annotations": {"images.policy.example.com_violation": "registry"},
-            },
-            "deny.v1beta1.json",
-            id="REV-02: a v1beta1 caller is answered in v1beta1",
-        ),
-    ],
-)
+        },
+        "patch.v1.json",
+        id="GW-16: a patch is base64 with patchType JSONPatch, plus annotations and warnings",
+    ),
+    pytest.param(
+        "create-pod.v1.json",
+        {
+            "allowed": False,
+            "status": Status(
+                status="Failure",
+                code=500,
+                reason="InternalError",
+                message=f"Internal error occurred: {_TIMEOUT_CAUSE}",
+                details=StatusDetails(causes=[StatusCause(message=_TIMEOUT_CAUSE)]),
+            ),
+            "warnings": ["tag :latest is discouraged"],
+        },
+        "deny.v1.json",
+        id="ERR-08: a fail-closed deny is an HTTP 200 review with the ERR-02 status",
+    ),
+    pytest.param(
+        "create-pod.v1beta1.json",
+        {
+            "allowed": False,
+            "status": Status(
+                status="Failure",
+                code=403,
+                reason="Forbidden",
+                message='admission webhook "images.policy.example.com" denied the request: '
+                "image registry not allowed",
+            ),
+            "audit_annotations": {"images.policy.example.com_violation": "registry"},
+        },
+        "deny.v1beta1.json",
+        id="REV-02: a v1beta1 caller is answered in v1beta1",
+    ),
+]
+
+
+@pytest.mark.parametrize(("inbound_fixture", "kwargs", "reply_fixture"), REPLIES)
 def test_reply_matches_golden(inbound_fixture: str, kwargs: dict[str, Any], reply_fixture: str) -> None:
     """REV-02/GW-16: the reply bytes equal the golden file exactly."""
     inbound = decode_inbound(golden(f"inbound/{inbound_fixture}"))
     assert encode_reply(inbound, **kwargs) == golden(f"reply/{reply_fixture}").rstrip(b"\n")
+
+
+@pytest.mark.parametrize(("inbound_fixture", "kwargs", "reply_fixture"), REPLIES)
+@settings(max_examples=50, deadline=None)
+@given(uid=st.text(min_size=1))
+def test_a_reply_template_renders_encode_replys_bytes_for_any_uid(
+    inbound_fixture: str, kwargs: dict[str, Any], reply_fixture: str, uid: str
+) -> None:
+    """REV-02: a shed verdict's reply template (``ReplyTemplate``, one per verdict and apiVersion)
+    gives every uid, whatever JSON must escape in it, exactly the bytes ``encode_reply`` gives."""
+    doc = json.loads(golden(f"inbound/{inbound_fixture}"))
+    doc["request"]["uid"] = uid
+    inbound = decode_inbound(body(doc))
+    template = ReplyTemplate(inbound.api_version, **kwargs)
+    assert template.render(uid) == encode_reply(inbound, **kwargs)
 
 
 def test_golden_patch_reply_decodes_to_the_patch() -> None:

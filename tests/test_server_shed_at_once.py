@@ -323,3 +323,169 @@ async def test_a_shed_review_whose_body_stops_coming_is_cut_at_the_heads_deadlin
     with trio.fail_after(10):
         assert await stream.receive_some(65536) == b"", "the connection was closed, nothing answered"
     await stream.aclose()
+
+
+# --- reviews alike share one shed verdict ----------------------------------------------------------
+
+PODS = [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["*"], "resources": ["pods"], "scope": "*"}]
+NAMESPACES = [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["*"], "resources": ["namespaces"]}]
+CONFIGMAPS = [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["*"], "resources": ["configmaps"]}]
+SHOP, CAFE = {"team": "shop"}, {"team": "cafe"}
+
+
+def _namespace(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+
+
+def _pod_review(**fields: Any) -> dict[str, Any]:
+    labels = fields.pop("labels", None)
+    namespace = fields.pop("namespace", "shop")
+    return review(pod(namespace=namespace, labels=labels), namespace=namespace, **fields)
+
+
+def _namespace_deleted(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    """The review of a Namespace's deletion: no object, the stored one as oldObject."""
+    ns, kind = ("", "v1", "namespaces"), ("", "v1", "Namespace")
+    return review(
+        None, operation="DELETE", old=_namespace(name, labels), namespace=name, resource=ns, kind=kind
+    )
+
+
+ALIKE = [
+    pytest.param(
+        [("a.example.com", "Fail", {})],
+        _pod_review(),
+        _pod_review(),
+        1,
+        id="FPT-01/REV-02: a second review of the same class gets the first one's shed verdict under its own uid",
+    ),
+    pytest.param(
+        [("a.example.com", "Ignore", {}), ("b.example.com", "Fail", {})],
+        _pod_review(),
+        _pod_review(version="v1beta1"),
+        1,
+        id="REV-02/AUD-06: one shed verdict answers a v1 and a v1beta1 review, each in its own version",
+    ),
+    pytest.param(
+        [("a.example.com", "Fail", {})],
+        _pod_review(),
+        _pod_review(uid='uid "quoted" \\ back\\slash, é and \u2028'),
+        1,
+        id="REV-02: a uid that JSON must escape is echoed exactly in a shared shed verdict's answer",
+    ),
+    pytest.param(
+        [("a.example.com", "Fail", {"sideEffects": "Unknown"})],
+        _pod_review(),
+        _pod_review(dry_run=True),
+        0,
+        id="FPT-09: a dry run is not of the class of a review that is not: refused for its side effects instead",
+    ),
+    pytest.param(
+        [("a.example.com", "Fail", {"objectSelector": {"matchLabels": {"app": "web"}}})],
+        _pod_review(labels={"app": "web"}),
+        _pod_review(labels={"app": "web"}),
+        1,
+        id="MAT-19: reviews whose objects carry the same labels share the verdict an objectSelector gave",
+    ),
+    pytest.param(
+        [("a.example.com", "Fail", {"objectSelector": {"matchLabels": {"app": "web"}}})],
+        _pod_review(labels={"app": "web"}),
+        _pod_review(labels={"app": "db"}),
+        0,
+        id="MAT-19: an object with other labels is decided again: the objectSelector skips the backend",
+    ),
+    pytest.param(
+        [("a.example.com", "Fail", {"objectSelector": {"matchLabels": {"app": "web"}}})],
+        _pod_review(operation="UPDATE", labels={"app": "db"}, old=pod(labels={"app": "web"})),
+        _pod_review(operation="UPDATE", labels={"app": "db"}, old=pod(labels={"app": "db"})),
+        0,
+        id="MAT-19: an update whose old object has other labels is decided again: the selector reads both",
+    ),
+    pytest.param(
+        [("a.example.com", "Fail", {"namespaceSelector": {"matchLabels": SHOP}})],
+        _pod_review(namespace="shop"),
+        _pod_review(namespace="cafe"),
+        0,
+        id="MAT-13: a review in a namespace with other labels is decided again: the namespaceSelector skips",
+    ),
+    pytest.param(
+        [("a.example.com", "Fail", {"namespaceSelector": {"matchLabels": SHOP}, "rules": NAMESPACES})],
+        _namespace_deleted("shop", SHOP),
+        _namespace_deleted("shop", CAFE),
+        0,
+        id="MAT-15: a Namespace deleted with other labels is decided again: its old object's labels are read",
+    ),
+    pytest.param(
+        [
+            (
+                "a.example.com",
+                "Fail",
+                {"matchConditions": [{"name": "web", "expression": "object.metadata.name == 'web-1'"}]},
+            )
+        ],
+        _pod_review(),
+        _pod_review(),
+        0,
+        id="MAT-25: a backend with match conditions reads the whole review: every shed review is decided again",
+    ),
+]
+
+
+@pytest.mark.parametrize(("specs", "first", "second", "reused"), ALIKE)
+async def test_reviews_alike_share_one_shed_verdict_and_no_other_review_does(
+    nursery: trio.Nursery,
+    tmp_path: Path,
+    specs: list[tuple[str, str, dict[str, Any]]],
+    first: dict[str, Any],
+    second: dict[str, Any],
+    reused: int,
+) -> None:
+    """Both shed reviews are answered at once and each as the ASGI path answers it (which decides
+    every review in full); the second gets the first one's verdict only when nothing the verdict
+    reads differs (``Dispatcher.shed_verdicts_reused``)."""
+    server = await nursery.start(lambda task_status: serve_backend(task_status=task_status))
+    url = f"http://127.0.0.1:{server.port}"
+    slow = hook("hold.example.com", f"{url}/sleep/20000/allow", failurePolicy="Ignore", rules=CONFIGMAPS)
+    slow["timeoutSeconds"] = 30
+    hooks = [
+        hook(name, f"{url}/allow", failurePolicy=policy, **{"rules": PODS, **extra})
+        for name, policy, extra in specs
+    ]
+    v1beta1 = any(h.get("sideEffects") == "Unknown" for h in hooks)  # a v1beta1 value (v1 refuses it)
+    write_config(
+        tmp_path / "c",
+        validating={"team-a": [slow, *hooks]},
+        namespaces={"shop": SHOP, "cafe": CAFE},
+        api_version="admissionregistration.k8s.io/v1beta1" if v1beta1 else "admissionregistration.k8s.io/v1",
+    )
+    running = await start_gateway(nursery, tmp_path / "c", "--shed-max-in-flight", "1")
+    app = running.app
+    holder = await gateway_client(running)
+    held = review(
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "shop"}},
+        resource=("", "v1", "configmaps"),
+        kind=("", "v1", "ConfigMap"),
+    )
+    nursery.start_soon(holder.post, "/validate?timeout=25s", json.dumps(held).encode())
+    with trio.fail_after(10):
+        while not server.calls:
+            await trio.sleep(0.005)
+
+    h1: Client = await gateway_client(running)
+    h2: Client = await gateway_client(running, protocol="h2")
+    answers = []
+    for doc in (first, second):
+        body = json.dumps(doc).encode()
+        at_once = await h1.post("/validate?timeout=5s", body)
+        asgi = await h2.post("/validate?timeout=5s", body)
+        assert at_once is not None and asgi is not None
+        assert (at_once.status, asgi.status) == (200, 200)
+        assert at_once.json == asgi.json, "answered at once as the ASGI path decides it in full"
+        assert at_once.json["apiVersion"] == doc["apiVersion"]
+        assert at_once.json["response"]["uid"] == doc["request"]["uid"]
+        answers.append(at_once.json["response"])
+    assert app.answered_at_once == 2
+    assert app.dispatcher.shed_verdicts_reused == reused
+    if reused == 0 and specs[0][2].get("sideEffects") != "Unknown" and "matchConditions" not in specs[0][2]:
+        assert answers[0]["allowed"] != answers[1]["allowed"], "the case decides the two reviews apart"
+    assert len(server.calls) == 1, "a shed review called a backend"

@@ -21,8 +21,8 @@ A gateway bug outside any one backend's handling denies the review with a 500 na
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeAlias
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+from typing import Final, TypeAlias
 
 import structlog
 import trio
@@ -88,6 +88,8 @@ class Dispatcher:
         self.namespaces = namespaces
         self.settings = settings or DispatchSettings()
         self.backends = Backends(caller=caller, policy=policy or AdmitAll(), clock=clock, shadow=shadow)
+        self._shed_verdicts = _PerSnapshot()
+        self.shed_verdicts_reused = 0  # shed reviews given the verdict of an earlier one of their class
 
     async def validate(
         self, inbound: InboundReview, snapshot: Snapshot, *, deadline: float, shed: str | None = None
@@ -149,8 +151,15 @@ class Dispatcher:
         decision needs I/O (a namespace lookup that is not cached, MAT-12): then ``decide`` takes it.
         The server's read path asks this before it starts a task for the review, so that a shed
         review costs what its decision costs, not a request's whole machinery (docs/resilience.md).
+
+        Under overload most reviews are shed, and most are alike: a shed verdict reads nothing of a
+        review but what ``_shed_class`` keys it by, so the walk is made once per class and snapshot
+        and its verdict (the same object) given to every review of that class
+        (``shed_verdicts_reused`` counts them).
         """
         attrs = inbound.attributes
+        candidates: Sequence[Candidate] = ()
+        labels: object = None  # the namespace's labels, when some selector needs them
         if not is_exempt(attrs, exclude_virtual_resources=self.settings.exclude_virtual_resources):
             plans = snapshot.plans(kind)
             candidates = plans.candidates(attrs) if plans else ()
@@ -158,12 +167,25 @@ class Dispatcher:
                 name = namespace_to_look_up(attrs, [c.plan for c in candidates])
                 if name is not None:
                     try:
-                        if self.namespaces.labels_now(name) is None:
+                        labels = self.namespaces.labels_now(name)
+                        if labels is None:
                             return None
                     except NamespaceNotFoundError:
-                        pass  # known now not to exist (MAT-16): no lookup needed
+                        labels = _NO_NAMESPACE  # known now not to exist (MAT-16): no lookup needed
                     except Exception:  # noqa: BLE001 - the ordinary path reports the lookup's failure
                         return None
+        expired = trio.current_time() >= deadline
+        try:
+            policy = self.backends.policy
+            key = _shed_class(kind, attrs, candidates, labels, policy, shed=shed, expired=expired)
+        except Exception:  # noqa: BLE001 - labels that do not decode: the walk decides (and says why)
+            key = None
+        known = self._shed_verdicts.of(snapshot)
+        if key is not None:
+            found = known.get(key)
+            if found is not None:
+                self.shed_verdicts_reused += 1
+                return found
         # With the snapshot given, a namespace known and every call refused, nothing in the walk
         # waits: the coroutine ends at its first step.
         walk = self.decide(kind, inbound, snapshot, deadline=deadline, shed=shed)
@@ -171,6 +193,10 @@ class Dispatcher:
             walk.send(None)
         except StopIteration as done:
             verdict: Verdict = done.value
+            if key is not None:
+                if len(known) >= _SHED_CLASSES:
+                    known.clear()
+                known[key] = verdict
             return verdict
         walk.close()  # unreachable by the checks above; never leave a review half-decided
         raise RuntimeError("a shed review's decision waited for I/O")
@@ -222,6 +248,87 @@ class Dispatcher:
             return NamespaceNotFound(name)
         except Exception as exc:  # noqa: BLE001 - any lookup failure is MAT-17's 500, decided later
             return NamespaceLookupFailed(str(exc))
+
+
+_SHED_CLASSES: Final = 1024  # shed verdicts kept per snapshot (then forgotten together)
+_NO_NAMESPACE: Final = "<not found>"
+
+
+class _PerSnapshot:
+    """Shed verdicts by class, for the last few snapshots (a half's path has its own, MAT-33)."""
+
+    __slots__ = ("_seen",)
+
+    def __init__(self) -> None:
+        self._seen: dict[int, tuple[Snapshot, dict[Hashable, Verdict]]] = {}
+
+    def of(self, snapshot: Snapshot) -> dict[Hashable, Verdict]:
+        found = self._seen.get(id(snapshot))
+        if found is not None and found[0] is snapshot:
+            return found[1]
+        verdicts: dict[Hashable, Verdict] = {}
+        self._seen[id(snapshot)] = (snapshot, verdicts)
+        while len(self._seen) > 4:
+            del self._seen[next(iter(self._seen))]
+        return verdicts
+
+
+def _labels_key(labels: object) -> Hashable:
+    if isinstance(labels, Mapping):
+        return frozenset(labels.items())
+    return labels  # None (no labels, no lookup) or _NO_NAMESPACE
+
+
+def _shed_class(
+    kind: WebhookKind,
+    attrs: AdmissionAttributes,
+    candidates: Sequence[Candidate],
+    labels: object,
+    policy: BackendPolicy,
+    *,
+    shed: str,
+    expired: bool,
+) -> Hashable | None:
+    """What a shed review's verdict reads of the review, as a key; None when it reads more.
+
+    Rules read the request's kind, resource, subresource, operation and namespace (and, for an
+    ``Equivalent`` policy, the original request's); a call refused reads the dry-run flag
+    (FPT-09), the shedding reason and whether the deadline has already passed (FPT-08).
+    Selectors add the labels they read: the namespace's (MAT-12/13) and the object's and old
+    object's (MAT-19; a Namespace's own labels are its object's or old object's, MAT-13/15).
+    Match conditions read
+    the whole request (MAT-25) and a Shadow backend's call is made apart from the review: a review
+    with such a candidate is walked every time.
+    """
+    simple = True
+    for candidate in candidates:
+        plan = candidate.plan
+        if plan.has_conditions or policy.mode(plan.hook) == "Shadow":
+            return None
+        if not plan.simple:
+            simple = False
+    key = (
+        kind,
+        shed,
+        expired,
+        attrs.dry_run,
+        attrs.operation,
+        attrs.namespace,
+        attrs.resource,
+        attrs.sub_resource,
+        attrs.kind,
+        attrs.request_resource,
+        attrs.request_sub_resource,
+        attrs.request_kind,
+    )
+    if simple:
+        return key
+    return (
+        *key,
+        _labels_key(labels),
+        _labels_key(attrs.object_labels()),
+        _labels_key(attrs.old_object_labels()),
+    )
 
 
 def _need_namespace(candidates: Sequence[Candidate]) -> bool:

@@ -19,6 +19,7 @@ from gateway.review.codec import (
     no_known_version_error,
 )
 from gateway.review.inbound import (
+    ReplyTemplate,
     decode_inbound,
     encode_bad_request_status,
     encode_reply,
@@ -35,6 +36,7 @@ __all__ = [
     "NO_KNOWN_VERSION_REASON",
     "BackendResponse",
     "InboundReview",
+    "ReplyTemplate",
     "ReviewVersion",
     "decode_backend_response",
     "decode_inbound",

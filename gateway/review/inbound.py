@@ -30,6 +30,7 @@ from gateway.review.view import InboundReview
 __all__ = [
     "JSON_PATCH",
     "InboundReview",
+    "ReplyTemplate",
     "decode_inbound",
     "encode_bad_request_status",
     "encode_reply",
@@ -149,6 +150,71 @@ def encode_reply(
     empty means no patch, and then no ``patchType`` either. A deny must carry a status and no patch;
     an allowed reply carries no status (ERR-10). Violations are bugs and raise ``ValueError``.
     """
+    return _encode_reply(
+        inbound.api_version,
+        inbound.uid,
+        allowed=allowed,
+        status=status,
+        patch=patch,
+        warnings=warnings,
+        audit_annotations=audit_annotations,
+    )
+
+
+class ReplyTemplate:
+    """``encode_reply``'s bytes for one apiVersion and decision with the uid left open.
+
+    ``render(uid)`` is byte for byte what ``encode_reply`` makes for a review of that apiVersion
+    and uid: the uid is the response's first member, so the rest is encoded once. For answers
+    given to many reviews alike (shed reviews, ``gateway.server.app``).
+    """
+
+    __slots__ = ("_head", "_tail")
+
+    def __init__(
+        self,
+        api_version: str,
+        *,
+        allowed: bool,
+        status: Status | None = None,
+        patch: bytes | None = None,
+        warnings: Sequence[str] = (),
+        audit_annotations: Mapping[str, str] | None = None,
+    ) -> None:
+        whole = _encode_reply(
+            api_version,
+            "",
+            allowed=allowed,
+            status=status,
+            patch=patch,
+            warnings=warnings,
+            audit_annotations=audit_annotations,
+        )
+        # apiVersion and kind are fixed words, so the first empty uid member is the response's.
+        head, found, tail = whole.partition(_EMPTY_UID)
+        if not found:
+            raise ValueError("the reply has no response uid")
+        self._head = head + _UID_MEMBER
+        self._tail = tail
+
+    def render(self, uid: str) -> bytes:
+        return b"".join((self._head, _encoder.encode(uid), self._tail))
+
+
+_UID_MEMBER: Final = b'"uid":'
+_EMPTY_UID: Final = _UID_MEMBER + b'""'
+
+
+def _encode_reply(
+    api_version: str,
+    uid: str,
+    *,
+    allowed: bool,
+    status: Status | None,
+    patch: bytes | None,
+    warnings: Sequence[str],
+    audit_annotations: Mapping[str, str] | None,
+) -> bytes:
     if allowed and status is not None:
         raise ValueError("an allowed reply carries no status (ERR-10)")
     if not allowed and status is None:
@@ -156,7 +222,7 @@ def encode_reply(
     if patch and not allowed:
         raise ValueError("a deny carries no patch (MUT-13)")
     response = ReplyResponse(
-        uid=inbound.uid,
+        uid=uid,
         allowed=allowed,
         status=status,
         patch=patch or None,
@@ -164,7 +230,7 @@ def encode_reply(
         audit_annotations=dict(audit_annotations) if audit_annotations else None,
         warnings=list(warnings) if warnings else None,
     )
-    return _encoder.encode(Reply(api_version=inbound.api_version, kind=KIND, response=response))
+    return _encoder.encode(Reply(api_version=api_version, kind=KIND, response=response))
 
 
 def encode_status(code: int, reason: str, message: str) -> bytes:

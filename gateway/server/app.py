@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import structlog
 import trio
@@ -26,7 +26,7 @@ from gateway.dispatch import status as statuses
 from gateway.dispatch.engine import Dispatcher, Verdict
 from gateway.errors import BadReview
 from gateway.registration import HALVES, Half, half_of, half_path
-from gateway.review import InboundReview, decode_inbound, encode_reply, encode_status
+from gateway.review import InboundReview, ReplyTemplate, decode_inbound, encode_reply, encode_status
 from gateway.server.extensions import disconnect_signal
 from gateway.server.overload import OverloadGate
 from gateway.server.timeouts import caller_timeout
@@ -150,6 +150,9 @@ def _encode_verdict(inbound: InboundReview, verdict: Verdict, endpoint: str) -> 
         return encode_reply(inbound, allowed=False, status=status)
 
 
+_SHED_REPLIES: Final = 1024  # reply templates kept (then forgotten together)
+
+
 class GatewayApp:
     """The ASGI callable hypercorn serves."""
 
@@ -178,6 +181,8 @@ class GatewayApp:
         self.in_flight = 0  # reviews being handled right now (graceful shutdown waits for zero)
         self._shed_line_at: dict[str, int] = {}  # endpoint -> the second of its last shed review line
         self.answered_at_once = 0  # shed reviews answered where they were read (no task, no ASGI request)
+        # verdict id and apiVersion -> the verdict (kept alive, so the id stays its) and its reply
+        self._shed_replies: dict[tuple[int, str], tuple[Verdict, ReplyTemplate]] = {}
         self._idle = trio.Event()
         self._idle.set()
 
@@ -244,7 +249,7 @@ class GatewayApp:
             return None
         overload.count_shed(reason)
         self.answered_at_once += 1
-        reply = _encode_verdict(inbound, verdict, endpoint)
+        reply = self._shed_reply(inbound, verdict, endpoint)
         observer = self.observer
         observer.review_started(endpoint)
         # The review line of one shed review per endpoint and second; the others are counted only
@@ -263,6 +268,28 @@ class GatewayApp:
             line=line,
         )
         return 200, [*_JSON, (b"content-length", str(len(reply)).encode())], reply
+
+    def _shed_reply(self, inbound: InboundReview, verdict: Verdict, endpoint: str) -> bytes:
+        """``_encode_verdict``'s bytes, from a template per verdict and apiVersion: the shed reviews
+        of one class share one verdict (``Dispatcher.decide_shed``), so only their uids differ."""
+        key = (id(verdict), inbound.api_version)
+        found = self._shed_replies.get(key)
+        if found is None or found[0] is not verdict:
+            try:
+                template = ReplyTemplate(
+                    inbound.api_version,
+                    allowed=verdict.allowed,
+                    status=verdict.status,
+                    patch=verdict.patch,
+                    warnings=verdict.warnings,
+                    audit_annotations=verdict.audit_annotations,
+                )
+            except Exception:  # noqa: BLE001 - _encode_verdict says what failed and denies (ERR-08)
+                return _encode_verdict(inbound, verdict, endpoint)
+            if len(self._shed_replies) >= _SHED_REPLIES:
+                self._shed_replies.clear()
+            found = self._shed_replies[key] = (verdict, template)
+        return found[1].render(inbound.uid)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
