@@ -255,7 +255,8 @@ _NO_NAMESPACE: Final = "<not found>"
 
 
 class _PerSnapshot:
-    """Shed verdicts by class, for the last few snapshots (a half's path has its own, MAT-33)."""
+    """Shed verdicts by class, for the last few snapshots (``/validate/fail`` and
+    ``/validate/ignore`` decide with snapshots of their own: ``registration.half_of``)."""
 
     __slots__ = ("_seen",)
 
@@ -296,9 +297,8 @@ def _shed_class(
     (FPT-09), the shedding reason and whether the deadline has already passed (FPT-08).
     Selectors add the labels they read: the namespace's (MAT-12/13) and the object's and old
     object's (MAT-19; a Namespace's own labels are its object's or old object's, MAT-13/15).
-    Match conditions read
-    the whole request (MAT-25) and a Shadow backend's call is made apart from the review: a review
-    with such a candidate is walked every time.
+    Match conditions read the whole request (MAT-25) and a Shadow backend's call is made apart
+    from the review: a review with such a candidate is walked every time.
     """
     simple = True
     for candidate in candidates:
