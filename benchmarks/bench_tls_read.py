@@ -48,6 +48,7 @@ def _client(port: int, ca_pem: str, records: list[int], requests: int) -> None:
 
 Reader = tuple[Callable[[], None], Callable[[bytes], None]]  # read one request, answer it
 _SILENCE = 10.0  # seconds a reader waits for the client before it gives up
+_GONE = "the client closed the connection"
 
 
 def _poller(sock: socket.socket) -> select.poll:
@@ -62,6 +63,19 @@ def _wait(poller: select.poll, silence: float) -> None:
         raise SystemExit(f"the client sent nothing for {silence:g} s")
 
 
+def _ends_when_gone(step: Callable[[], None]) -> Callable[[], None]:
+    """``step``, with the client's reset or a broken pipe ending the run as its close does (a close
+    with bytes still unread on its side, such as the server's TLS 1.3 tickets, is a reset)."""
+
+    def run() -> None:
+        try:
+            step()
+        except ConnectionError:
+            raise SystemExit(_GONE) from None
+
+    return run
+
+
 def socket_reader(
     raw: socket.socket, context: ssl.SSLContext, size: int, *, silence: float = _SILENCE
 ) -> Reader:
@@ -73,12 +87,9 @@ def socket_reader(
     poller = _poller(tls)
 
     def recv() -> int:
-        try:
-            data = tls.recv(65536)
-        except ConnectionError:  # a reset: a close with bytes unread (the server's tickets) is one
-            raise SystemExit("the client closed the connection") from None
+        data = tls.recv(65536)
         if not data:
-            raise SystemExit("the client closed the connection")
+            raise SystemExit(_GONE)
         return len(data)
 
     def read() -> None:
@@ -95,7 +106,7 @@ def socket_reader(
                 except ssl.SSLWantReadError:
                     break
 
-    return read, tls.send
+    return _ends_when_gone(read), tls.send
 
 
 def bio_reader(
@@ -114,14 +125,12 @@ def bio_reader(
             except BlockingIOError:
                 _wait(poller, silence)
                 continue
-            except ConnectionError:  # a reset: a close with bytes unread (the server's tickets) is one
-                raise SystemExit("the client closed the connection") from None
             if not data:
-                raise SystemExit("the client closed the connection")
+                raise SystemExit(_GONE)
             incoming.write(data)
             return
 
-    try:
+    def handshake() -> None:
         while True:
             try:
                 tls.do_handshake()
@@ -130,8 +139,8 @@ def bio_reader(
                 raw.sendall(outgoing.read())
                 fill()
         raw.sendall(outgoing.read())
-    except ConnectionError:  # reset during the handshake
-        raise SystemExit("the client closed the connection") from None
+
+    _ends_when_gone(handshake)()
 
     def read() -> None:
         got = 0
@@ -139,21 +148,18 @@ def bio_reader(
             try:
                 data = tls.read(65536)
             except ssl.SSLWantReadError:
-                try:
-                    raw.sendall(outgoing.read())  # TLS 1.3 session tickets, once
-                except OSError:
-                    raise SystemExit("the client closed the connection") from None
+                raw.sendall(outgoing.read())  # TLS 1.3 session tickets, once
                 fill()
                 continue
             if not data:  # the client's close_notify
-                raise SystemExit("the client closed the connection")
+                raise SystemExit(_GONE)
             got += len(data)
 
     def answer(data: bytes) -> None:
         tls.write(data)
         raw.sendall(outgoing.read())
 
-    return read, answer
+    return _ends_when_gone(read), answer
 
 
 def server_context() -> tuple[str, ssl.SSLContext]:
