@@ -18,12 +18,13 @@ import pytest
 import trio
 import trio.testing
 
+from gateway.config.load import load_documents
 from gateway.dispatch.engine import Dispatcher
 from gateway.dispatch.shadow import ShadowCalls, ShadowResult
 from gateway.review import decode_inbound
 from tests.support.gateway import hook, review
 from tests.test_dispatch_deadlines import VirtualBackends, snapshot
-from tests.test_gateway_modes import _snapshot
+from tests.test_gateway_modes import VALIDATING, config
 
 SELECTOR = {"matchLabels": {"team": "shop"}}
 
@@ -127,11 +128,8 @@ async def test_a_shed_verdict_is_shared_only_by_reviews_it_reads_alike(
 async def test_a_review_with_a_shadow_backend_is_walked_every_time(autojump_clock: Any) -> None:
     """A Shadow call is started apart from the review (and refused there, shed): every shed review
     reports its own, so none shares a verdict."""
-    snap = _snapshot(
-        "shadow.example.com: {mode: Shadow}",
-        hook("fast.example.com", "https://fast"),
-        hook("shadow.example.com", "https://shadow"),
-    )
+    hooks = [hook("fast.example.com", "https://fast"), hook("shadow.example.com", "https://shadow")]
+    snap = load_documents([("test", config(VALIDATING, hooks, "shadow.example.com: {mode: Shadow}"))])
     results: list[ShadowResult] = []
     async with trio.open_nursery() as server:
         dispatcher = Dispatcher(

@@ -159,7 +159,7 @@ class Dispatcher:
         """
         attrs = inbound.attributes
         candidates: Sequence[Candidate] = ()
-        labels: object = None  # the namespace's labels, when some selector needs them
+        labels: Mapping[str, str] | str | None = None  # the namespace's, when a selector needs them
         if not is_exempt(attrs, exclude_virtual_resources=self.settings.exclude_virtual_resources):
             plans = snapshot.plans(kind)
             candidates = plans.candidates(attrs) if plans else ()
@@ -274,7 +274,7 @@ class _PerSnapshot:
         return verdicts
 
 
-def _labels_key(labels: object) -> Hashable:
+def _labels_key(labels: Mapping[str, str] | str | None) -> Hashable:
     if isinstance(labels, Mapping):
         return frozenset(labels.items())
     return labels  # None (no labels, no lookup) or _NO_NAMESPACE
@@ -284,7 +284,7 @@ def _shed_class(
     kind: WebhookKind,
     attrs: AdmissionAttributes,
     candidates: Sequence[Candidate],
-    labels: object,
+    labels: Mapping[str, str] | str | None,
     policy: BackendPolicy,
     *,
     shed: str,
