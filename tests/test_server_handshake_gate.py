@@ -18,7 +18,8 @@ import trio.testing
 import trustme
 
 from gateway.devtools.backends import serve_backend
-from gateway.server.hypercorn.handshake import HandshakeGate
+from gateway.server import cgroup
+from gateway.server.hypercorn.handshake import CpuShare, HandshakeGate
 from loadtests.abuse import client_hello
 from tests.support.inbound import Gateway, read_response, review_request, start
 
@@ -374,6 +375,83 @@ async def test_a_loop_that_never_goes_idle_admits_burst_handshakes_per_50_ms(
             await trio.lowlevel.checkpoint()
         nursery.cancel_scope.cancel()
     assert 19 * burst <= admitted <= 20 * burst
+
+
+@pytest.mark.parametrize(
+    ("share", "expected"),
+    [
+        pytest.param(1.0, (19, 21), id="the process at its whole CPU budget, its loop idle between reviews (a CFS quota): one handshake per 50 ms, 20 in a second"),
+        pytest.param(0.9, (19, 21), id="the process at 90 % of its CPU budget (over 85 %): one handshake per 50 ms"),
+        pytest.param(0.5, (200, 200), id="the process at half its CPU budget: a handshake at each idle moment of the loop, all 200 in a second"),
+    ],
+)  # fmt: skip
+async def test_a_process_without_cpu_to_spare_admits_burst_handshakes_per_50_ms(
+    share: float, expected: tuple[int, int], mock_clock: trio.testing.MockClock
+) -> None:
+    """An idle moment of the loop is not spare CPU: on half a CPU (a pod's limit) the loop goes idle
+    between reviews while the process uses its whole quota, and a handshake admitted at each such
+    moment took the established connections' time (docs/performance.md, "Overload"). The process's
+    CPU clock here runs at ``share`` of a 0.5-CPU budget; the loop goes idle every 1 ms of trio's
+    mock clock."""
+    budget = 0.5
+    gate = HandshakeGate(
+        burst=1, busy=CpuShare(budget, cpu=lambda: trio.current_time() * budget * share).busy
+    )
+    admitted = 0
+
+    async def one() -> None:
+        nonlocal admitted
+        await gate.admit()
+        admitted += 1
+
+    mock_clock.jump(0.1)  # the process has been running so for a window already
+    async with trio.open_nursery() as nursery:
+        await gate.admit()  # the token, used up
+        for _ in range(200):
+            nursery.start_soon(one)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(gate.run)
+        start = trio.current_time()
+        while trio.current_time() - start < 1.0:
+            mock_clock.jump(0.001)
+            await trio.testing.wait_all_tasks_blocked()  # an idle moment of the loop
+        nursery.cancel_scope.cancel()
+    low, high = expected
+    assert low <= admitted <= high
+
+
+@pytest.mark.parametrize(
+    ("affinity", "quota", "processes", "expected"),
+    [
+        pytest.param(2, None, 1, 1.0, id="two CPUs, no quota, one process: one CPU (one event loop)"),
+        pytest.param(2, None, 2, 1.0, id="two CPUs, no quota, two workers: one CPU each"),
+        pytest.param(8, None, 16, 0.5, id="eight CPUs, sixteen workers: half a CPU each"),
+        pytest.param(2, 0.5, 1, 0.5, id="a CPU quota of 500m, one process: half a CPU"),
+        pytest.param(4, 1.5, 2, 0.75, id="a CPU quota of 1500m, two workers: 0.75 CPU each"),
+    ],
+)  # fmt: skip
+def test_the_cpu_a_process_may_use_is_its_share_of_the_quota_or_its_cpus(
+    monkeypatch: pytest.MonkeyPatch, affinity: int, quota: float | None, processes: int, expected: float
+) -> None:
+    monkeypatch.setattr(cgroup.os, "sched_getaffinity", lambda _pid: set(range(affinity)))
+    monkeypatch.setattr(cgroup, "cpu_quota", lambda **_: quota)
+    assert cgroup.cpu_share(processes) == expected
+
+
+def test_a_cpu_share_is_measured_over_at_least_its_window() -> None:
+    """Asked more often than its window, it keeps its last measure; a budget must be positive."""
+    now, spent = [0.0], [0.0]
+    share = CpuShare(0.5, window=0.1, clock=lambda: now[0], cpu=lambda: spent[0])
+    now[0], spent[0] = 0.05, 0.05  # a whole CPU for 50 ms: within the window, not measured yet
+    assert not share.busy()
+    now[0], spent[0] = 0.1, 0.1
+    assert share.busy()  # 0.1 s of CPU in 0.1 s: twice the budget
+    now[0] = 0.15
+    assert share.busy()  # still the last measure
+    now[0] = 0.3  # no CPU since
+    assert not share.busy()
+    with pytest.raises(ValueError, match="budget"):
+        CpuShare(0)
 
 
 async def _handshake_then_close(gw: Gateway, context: ssl.SSLContext) -> None:

@@ -134,7 +134,8 @@ def build_parser(prog: str, *, usage: str | None = None, epilog: str | None = No
         i,
         "--handshake-burst",
         help="TLS handshakes computed between two moments the event loop has nothing else to run "
-        "(established connections first; the oldest waiting handshake first); 0: no such gate",
+        "(per 50 ms while the process uses most of the CPU it may use; established connections "
+        "first; the oldest waiting handshake first); 0: no such gate",
         type=int,
         default=D.handshake_burst,
     )

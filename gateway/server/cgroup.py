@@ -1,16 +1,60 @@
 """The cgroup directories whose limits bind this process (what a container's limits are).
 
-Used by ``workers.available_cpus`` (``cpu.max`` / ``cpu.cfs_quota_us``) and ``memory.memory_limit``
+Used for CPU (``cpu_quota``, ``cpu_share``: ``cpu.max`` / ``cpu.cfs_quota_us``; by
+``workers.available_cpus`` and the inbound handshake gate) and by ``memory.memory_limit``
 (``memory.max`` / ``memory.limit_in_bytes``): a limit set on any ancestor of the process's cgroup
 binds it, so the tightest on the way up to the root counts. A container sees its own cgroup as ``/``.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["limit_directories"]
+__all__ = ["cpu_quota", "cpu_share", "limit_directories"]
+
+_PROC_CGROUP = Path("/proc/self/cgroup")
+_CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def cpu_quota(*, proc_cgroup: Path = _PROC_CGROUP, cgroup_root: Path = _CGROUP_ROOT) -> float | None:
+    """The tightest CPU quota (in CPUs) on the way from this process's cgroup up to the root."""
+    limits = [
+        limit
+        for version, directory in limit_directories("cpu", proc_cgroup=proc_cgroup, cgroup_root=cgroup_root)
+        for limit in (_v2_limit(directory / "cpu.max") if version == 2 else _v1_limit(directory))
+    ]
+    return min(limits) if limits else None
+
+
+def cpu_share(processes: int = 1) -> float:
+    """The CPU time one of ``processes`` processes may use, in CPUs: the CPUs in its affinity mask,
+    capped by the cgroup's quota, shared equally, and at most one (a process runs one event loop)."""
+    cpus: float = len(os.sched_getaffinity(0))
+    quota = cpu_quota()
+    if quota is not None:
+        cpus = min(cpus, quota)
+    return min(1.0, cpus / max(1, processes))
+
+
+def _v2_limit(cpu_max: Path) -> Iterator[float]:
+    try:
+        quota, _, period = cpu_max.read_text().strip().partition(" ")
+    except OSError:
+        return
+    if quota != "max" and quota.isdigit() and period.isdigit() and int(period) > 0:
+        yield int(quota) / int(period)
+
+
+def _v1_limit(directory: Path) -> Iterator[float]:
+    try:
+        quota = int((directory / "cpu.cfs_quota_us").read_text())
+        period = int((directory / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return
+    if quota > 0 and period > 0:
+        yield quota / period
 
 
 def limit_directories(controller: str, *, proc_cgroup: Path, cgroup_root: Path) -> Iterator[tuple[int, Path]]:

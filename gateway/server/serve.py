@@ -29,6 +29,7 @@ from gateway.dispatch.engine import Dispatcher, DispatchSettings
 from gateway.dispatch.ports import NamespaceNotFoundError
 from gateway.errors import ConfigError, ListenError
 from gateway.server.app import GatewayApp, Readiness, ServerSettings, request_path
+from gateway.server.cgroup import cpu_share
 from gateway.server.gcgovernor import GcGovernor, GcPolicy, govern
 from gateway.server.hypercorn.config import GatewayConfig, server_config
 from gateway.server.hypercorn.listener import serve_inbound
@@ -392,6 +393,7 @@ def inbound_runtime(
         resident=resident_bytes(),
         processes=processes,
     )
+    budget = cpu_share(processes)  # what the handshake gate measures the process's CPU against
     log.info(
         "inbound connection bounds",
         connections=bounds.connections,
@@ -401,9 +403,14 @@ def inbound_runtime(
         memory_limit=limit,
         memory_limit_from="--memory-limit" if options.memory_limit else "cgroup" if detected else "machine",
         processes=processes,
+        cpu_budget=budget,
     )
     return InboundRuntime(
-        limits=limits, events=observer, max_connections=bounds.connections, max_pending=bounds.pending
+        limits=limits,
+        events=observer,
+        max_connections=bounds.connections,
+        max_pending=bounds.pending,
+        cpu_budget=budget,
     )
 
 

@@ -56,7 +56,7 @@ import signal
 import socket
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -74,7 +74,7 @@ from prometheus_client.samples import Sample
 from gateway.errors import ConfigError, GatewayError, ListenError, startup_failure
 from gateway.observability import Metrics, Observability
 from gateway.observability.metrics import PREFIX, HistogramChild
-from gateway.server.cgroup import limit_directories
+from gateway.server.cgroup import cpu_quota
 from gateway.server.limits import raise_nofile_limit
 from gateway.settings import ServeSettings
 from gateway.sources.reflector import Backoff
@@ -137,39 +137,10 @@ def available_cpus(
     of time: the quota is rounded up (2), as a partial CPU still adds capacity.
     """
     cpus = affinity if affinity is not None else len(os.sched_getaffinity(0))
-    quota = _cgroup_quota(proc_cgroup, cgroup_root)
+    quota = cpu_quota(proc_cgroup=proc_cgroup, cgroup_root=cgroup_root)
     if quota is not None:
         cpus = min(cpus, max(1, math.ceil(quota)))
     return max(1, cpus)
-
-
-def _cgroup_quota(proc_cgroup: Path, cgroup_root: Path) -> float | None:
-    """The tightest CPU quota (in CPUs) on the way from this process's cgroup up to the root."""
-    limits = [
-        limit
-        for version, directory in limit_directories("cpu", proc_cgroup=proc_cgroup, cgroup_root=cgroup_root)
-        for limit in (_v2_limit(directory / "cpu.max") if version == 2 else _v1_limit(directory))
-    ]
-    return min(limits) if limits else None
-
-
-def _v2_limit(cpu_max: Path) -> Iterator[float]:
-    try:
-        quota, _, period = cpu_max.read_text().strip().partition(" ")
-    except OSError:
-        return
-    if quota != "max" and quota.isdigit() and period.isdigit() and int(period) > 0:
-        yield int(quota) / int(period)
-
-
-def _v1_limit(directory: Path) -> Iterator[float]:
-    try:
-        quota = int((directory / "cpu.cfs_quota_us").read_text())
-        period = int((directory / "cpu.cfs_period_us").read_text())
-    except (OSError, ValueError):
-        return
-    if quota > 0 and period > 0:
-        yield quota / period
 
 
 def worker_count(options: ServeSettings) -> int:

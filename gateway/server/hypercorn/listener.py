@@ -49,6 +49,7 @@ from gateway.server.hypercorn.config import runtime_of
 from gateway.server.hypercorn.handshake import (
     ABANDONED,
     HANDSHAKE_FAILURES,
+    CpuShare,
     HandshakeGate,
     PendingConnection,
     client_gone,
@@ -102,7 +103,9 @@ async def serve_inbound(
     async with trio.open_nursery() as timers:
         timers.start_soon(deadlines.run)  # every connection's deadlines: one task (``watchdog``)
         if tls_context is not None and runtime.limits.handshake_burst > 0:
-            runtime.handshakes = HandshakeGate(runtime.limits.handshake_burst)
+            runtime.handshakes = HandshakeGate(
+                runtime.limits.handshake_burst, busy=CpuShare(runtime.cpu_budget).busy
+            )
             timers.start_soon(runtime.handshakes.run)
         async with trio.open_nursery() as handlers:
             async with trio.open_nursery() as acceptors:
