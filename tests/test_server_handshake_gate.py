@@ -18,7 +18,6 @@ import trio.testing
 import trustme
 
 from gateway.devtools.backends import serve_backend
-from gateway.server import cgroup
 from gateway.server.hypercorn.handshake import CpuShare, HandshakeGate
 from loadtests.abuse import client_hello
 from tests.support.inbound import Gateway, read_response, review_request, start
@@ -412,24 +411,6 @@ async def test_a_process_without_cpu_to_spare_admits_burst_handshakes_per_50_ms(
     )
     low, high = expected
     assert low <= admitted <= high
-
-
-@pytest.mark.parametrize(
-    ("affinity", "quota", "processes", "expected"),
-    [
-        pytest.param(2, None, 1, 1.0, id="two CPUs, no quota, one process: one CPU (one event loop)"),
-        pytest.param(2, None, 2, 1.0, id="two CPUs, no quota, two workers: one CPU each"),
-        pytest.param(8, None, 16, 0.5, id="eight CPUs, sixteen workers: half a CPU each"),
-        pytest.param(2, 0.5, 1, 0.5, id="a CPU quota of 500m, one process: half a CPU"),
-        pytest.param(4, 1.5, 2, 0.75, id="a CPU quota of 1500m, two workers: 0.75 CPU each"),
-    ],
-)  # fmt: skip
-def test_the_cpu_a_process_may_use_is_its_share_of_the_quota_or_its_cpus(
-    monkeypatch: pytest.MonkeyPatch, affinity: int, quota: float | None, processes: int, expected: float
-) -> None:
-    monkeypatch.setattr(cgroup.os, "sched_getaffinity", lambda _pid: set(range(affinity)))
-    monkeypatch.setattr(cgroup, "cpu_quota", lambda **_: quota)
-    assert cgroup.cpu_share(processes) == expected
 
 
 def test_a_cpu_share_is_measured_over_at_least_its_window() -> None:

@@ -23,6 +23,7 @@ import trustme
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.observability import Metrics
+from gateway.server.cgroup import cpu_share
 from gateway.server.workers import available_cpus, capture, merge
 from loadtests.processes import free_port
 from tests.support.client import connect
@@ -87,6 +88,40 @@ def test_default_worker_count(
 ) -> None:
     proc_cgroup, root = _cgroup(tmp_path, proc, files)
     assert available_cpus(affinity=affinity, proc_cgroup=proc_cgroup, cgroup_root=root) == expected
+
+
+CPU_SHARE_CASES = [
+    pytest.param(2, "", {}, 1, 1.0, id="two CPUs, no cgroup quota, one process: one CPU (one event loop)"),
+    pytest.param(2, "", {}, 2, 1.0, id="two CPUs, no cgroup quota, two workers: one CPU each"),
+    pytest.param(
+        8, "0::/\n", {"cpu.max": "max 100000\n"}, 16, 0.5, id="eight CPUs, sixteen workers: half a CPU each"
+    ),
+    pytest.param(
+        2,
+        "0::/\n",
+        {"cpu.max": "50000 100000\n"},
+        1,
+        0.5,
+        id="cgroup v2 quota of 500m, one process: half a CPU, not rounded up",
+    ),
+    pytest.param(
+        4,
+        "12:cpu,cpuacct:/\n",
+        {"cpu,cpuacct/cpu.cfs_quota_us": "150000\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"},
+        2,
+        0.75,
+        id="cgroup v1 quota of 1.5 CPUs, two workers: 0.75 CPU each",
+    ),
+]
+
+
+@pytest.mark.parametrize(("affinity", "proc", "files", "processes", "expected"), CPU_SHARE_CASES)
+def test_the_cpu_a_worker_may_use_is_its_share_of_the_quota_or_its_cpus(
+    tmp_path: Path, affinity: int, proc: str, files: dict[str, str], processes: int, expected: float
+) -> None:
+    """What the handshake gate measures a worker's CPU against (``cpu_share``; docs/inbound.md)."""
+    proc_cgroup, root = _cgroup(tmp_path, proc, files)
+    assert cpu_share(processes, affinity=affinity, proc_cgroup=proc_cgroup, cgroup_root=root) == expected
 
 
 def test_default_worker_count_of_this_process() -> None:

@@ -28,11 +28,17 @@ def cpu_quota(*, proc_cgroup: Path = _PROC_CGROUP, cgroup_root: Path = _CGROUP_R
     return min(limits) if limits else None
 
 
-def cpu_share(processes: int = 1) -> float:
+def cpu_share(
+    processes: int = 1,
+    *,
+    affinity: int | None = None,
+    proc_cgroup: Path = _PROC_CGROUP,
+    cgroup_root: Path = _CGROUP_ROOT,
+) -> float:
     """The CPU time one of ``processes`` processes may use, in CPUs: the CPUs in its affinity mask,
     capped by the cgroup's quota, shared equally, and at most one (a process runs one event loop)."""
-    cpus: float = len(os.sched_getaffinity(0))
-    quota = cpu_quota()
+    cpus: float = affinity if affinity is not None else len(os.sched_getaffinity(0))
+    quota = cpu_quota(proc_cgroup=proc_cgroup, cgroup_root=cgroup_root)
     if quota is not None:
         cpus = min(cpus, quota)
     return min(1.0, cpus / max(1, processes))
