@@ -23,7 +23,7 @@ import trustme
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.observability import Metrics
-from gateway.server.cgroup import cpu_share
+from gateway.server.cgroup import CpuShare, cpu_share
 from gateway.server.workers import available_cpus, capture, merge
 from loadtests.processes import free_port
 from tests.support.client import connect
@@ -119,9 +119,26 @@ CPU_SHARE_CASES = [
 def test_the_cpu_a_worker_may_use_is_its_share_of_the_quota_or_its_cpus(
     tmp_path: Path, affinity: int, proc: str, files: dict[str, str], processes: int, expected: float
 ) -> None:
-    """What the handshake gate measures a worker's CPU against (``cpu_share``; docs/inbound.md)."""
+    """What the handshake gate and ``--shed-max-cpu`` measure a worker's CPU against (``cpu_share``;
+    docs/inbound.md, docs/resilience.md)."""
     proc_cgroup, root = _cgroup(tmp_path, proc, files)
     assert cpu_share(processes, affinity=affinity, proc_cgroup=proc_cgroup, cgroup_root=root) == expected
+
+
+def test_a_cpu_share_is_measured_over_at_least_its_window() -> None:
+    """Asked more often than its window, it keeps its last measure; a budget must be positive."""
+    now, spent = [0.0], [0.0]
+    share = CpuShare(0.5, window=0.1, clock=lambda: now[0], cpu=lambda: spent[0])
+    now[0], spent[0] = 0.05, 0.05  # a whole CPU for 50 ms: within the window, not measured yet
+    assert share.share() == 0
+    now[0], spent[0] = 0.1, 0.1
+    assert share.share() == 2  # 0.1 s of CPU in 0.1 s: twice the budget
+    now[0] = 0.15
+    assert share.share() == 2  # still the last measure
+    now[0] = 0.3  # no CPU since
+    assert share.share() == 0
+    with pytest.raises(ValueError, match="budget"):
+        CpuShare(0)
 
 
 def test_default_worker_count_of_this_process() -> None:

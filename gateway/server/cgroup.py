@@ -1,7 +1,8 @@
 """The cgroup directories whose limits bind this process (what a container's limits are).
 
 Used for CPU (``cpu_quota``, ``cpu_share``: ``cpu.max`` / ``cpu.cfs_quota_us``; by
-``workers.available_cpus`` and the inbound handshake gate) and by ``memory.memory_limit``
+``workers.available_cpus``, and as the budget ``CpuShare`` measures the process's CPU against for
+the inbound handshake gate and overload shedding) and by ``memory.memory_limit``
 (``memory.max`` / ``memory.limit_in_bytes``): a limit set on any ancestor of the process's cgroup
 binds it, so the tightest on the way up to the root counts. A container sees its own cgroup as ``/``.
 """
@@ -9,10 +10,15 @@ binds it, so the tightest on the way up to the root counts. A container sees its
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-__all__ = ["cpu_quota", "cpu_share", "limit_directories"]
+import trio
+
+__all__ = ["CpuShare", "cpu_quota", "cpu_share", "limit_directories"]
+
+CPU_WINDOW = 0.1  # seconds: what ``CpuShare`` measures over, at least
 
 _PROC_CGROUP = Path("/proc/self/cgroup")
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -42,6 +48,46 @@ def cpu_share(
     if quota is not None:
         cpus = min(cpus, quota)
     return min(1.0, cpus / max(1, processes))
+
+
+class CpuShare:
+    """How much of the CPU it may use this process used lately: 1.0 is its whole ``budget``.
+
+    ``budget``: the CPUs this process may use (``cpu_share``). The share is the process's CPU time
+    (``cpu``, all its threads) over the wall time (``clock``) since it was last measured, measured
+    again when at least ``window`` seconds have passed since; so it covers the last ``window``
+    seconds or more, and costs one clock read when asked more often. After a quiet spell the first
+    measure covers the spell. Asked by the inbound handshake gate (``HandshakeGate``'s ``busy``)
+    and by overload shedding (``--shed-max-cpu``).
+    """
+
+    __slots__ = ("_budget", "_clock", "_cpu", "_share", "_since", "_spent", "_window")
+
+    def __init__(
+        self,
+        budget: float,
+        *,
+        window: float = CPU_WINDOW,
+        clock: Callable[[], float] = trio.current_time,
+        cpu: Callable[[], float] = time.process_time,
+    ) -> None:
+        if budget <= 0:
+            raise ValueError("budget must be > 0")
+        self._budget = budget
+        self._window = window
+        self._clock = clock
+        self._cpu = cpu
+        self._since = clock()
+        self._spent = cpu()
+        self._share = 0.0
+
+    def share(self) -> float:
+        now = self._clock()
+        if now - self._since >= self._window:
+            spent = self._cpu()
+            self._share = (spent - self._spent) / (now - self._since) / self._budget
+            self._since, self._spent = now, spent
+        return self._share
 
 
 def _v2_limit(cpu_max: Path) -> Iterator[float]:

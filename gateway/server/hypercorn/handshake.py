@@ -22,7 +22,7 @@ Reasons (limits; docs/inbound.md, "Connections that are not established yet"):
 
 - **Established connections first** (``HandshakeGate``, ``--handshake-burst``): a handshake's
   crypto waits for a token, and tokens come back when the event loop has run everything else, or
-  at a fixed small rate while the process uses most of its CPU (``CpuShare``); waiting handshakes
+  at a fixed small rate while the process uses most of its CPU (``cgroup.CpuShare``); waiting handshakes
   go oldest first. While ``--max-waiting-handshakes`` wait, the listener stops
   accepting (``HandshakeGate.room``): further dials wait in the kernel's accept queue.
 - **A dial its client gave up is not computed.** A TLS connection is checked for its client's FIN
@@ -44,7 +44,6 @@ import select
 import socket as stdlib_socket
 import ssl
 import struct
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
@@ -57,8 +56,8 @@ from gateway.wire.tls_stream import TLSSocketStream
 
 __all__ = [
     "ABANDONED",
+    "BUSY_CPU_SHARE",
     "HANDSHAKE_FAILURES",
-    "CpuShare",
     "HandshakeGate",
     "PendingConnection",
     "client_gone",
@@ -91,10 +90,10 @@ _LINGER_RESET: Final = struct.pack("ii", 1, 0)
 # 1-4 s after it.
 BUSY_ADMISSION_INTERVAL: Final = 0.05
 
-# The process counts as busy when it used this share of the CPU it may use (``CpuShare``) over at
-# least the last ``CPU_WINDOW`` seconds; it then admits handshakes as when the loop is never idle.
+# The process counts as busy when it used this share of the CPU it may use over at least the last
+# 100 ms (``gateway.server.cgroup.CpuShare``); the gate then admits handshakes as when the loop is
+# never idle.
 BUSY_CPU_SHARE: Final = 0.85
-CPU_WINDOW: Final = 0.1
 
 
 class PendingConnection:
@@ -303,7 +302,7 @@ class HandshakeGate:
     An idle moment of the loop is not spare CPU, though: under a CPU limit (a pod's, a CFS quota)
     the loop goes idle between reviews while the process uses its whole quota, and handshakes
     admitted at each such moment take the time the established connections needed. So while
-    ``busy()`` says the process used most of the CPU it may use (``CpuShare``), the tokens come back
+    ``busy()`` says the process used most of the CPU it may use (``cgroup.CpuShare``), the tokens come back
     every ``max_delay`` seconds as when the loop is never idle. Measured with the apiserver's own
     client, one backend at 3× the capacity on half a CPU, ``--shed-max-in-flight 8``: reviews in time
     median 46 % against 17 %, better in 8 of 9 alternated pairs (docs/performance.md, "Overload").
@@ -382,45 +381,3 @@ class HandshakeGate:
             self._left()
             if waiters:
                 self._wake.set()  # more to admit at the next idle moment
-
-
-class CpuShare:
-    """Whether this process used most of the CPU it may use, lately (``HandshakeGate``'s ``busy``).
-
-    ``budget``: the CPUs this process may use (``gateway.server.cgroup.cpu_share``). The share is
-    the process's CPU time (``cpu``, all its threads) over the wall time (``clock``) since it was
-    last measured, measured again when at least ``window`` seconds have passed since; so it covers
-    the last ``window`` seconds or more, and costs two clock reads when asked more often. After a
-    quiet spell the first measure covers the spell: for one window more, the gate admits at idle
-    moments as before.
-    """
-
-    __slots__ = ("_budget", "_clock", "_cpu", "_share", "_since", "_spent", "_threshold", "_window")
-
-    def __init__(
-        self,
-        budget: float,
-        *,
-        threshold: float = BUSY_CPU_SHARE,
-        window: float = CPU_WINDOW,
-        clock: Callable[[], float] = trio.current_time,
-        cpu: Callable[[], float] = time.process_time,
-    ) -> None:
-        if budget <= 0:
-            raise ValueError("budget must be > 0")
-        self._budget = budget
-        self._threshold = threshold
-        self._window = window
-        self._clock = clock
-        self._cpu = cpu
-        self._since = clock()
-        self._spent = cpu()
-        self._share = 0.0
-
-    def busy(self) -> bool:
-        now = self._clock()
-        if now - self._since >= self._window:
-            spent = self._cpu()
-            self._share = (spent - self._spent) / (now - self._since) / self._budget
-            self._since, self._spent = now, spent
-        return self._share >= self._threshold

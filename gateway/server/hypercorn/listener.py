@@ -45,11 +45,12 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import parse_socket_addr, repr_socket_addr
 
+from gateway.server.cgroup import CpuShare
 from gateway.server.hypercorn.config import runtime_of
 from gateway.server.hypercorn.handshake import (
     ABANDONED,
+    BUSY_CPU_SHARE,
     HANDSHAKE_FAILURES,
-    CpuShare,
     HandshakeGate,
     PendingConnection,
     client_gone,
@@ -103,8 +104,9 @@ async def serve_inbound(
     async with trio.open_nursery() as timers:
         timers.start_soon(deadlines.run)  # every connection's deadlines: one task (``watchdog``)
         if tls_context is not None and runtime.limits.handshake_burst > 0:
+            cpu = CpuShare(runtime.cpu_budget)
             runtime.handshakes = HandshakeGate(
-                runtime.limits.handshake_burst, busy=CpuShare(runtime.cpu_budget).busy
+                runtime.limits.handshake_burst, busy=lambda: cpu.share() >= BUSY_CPU_SHARE
             )
             timers.start_soon(runtime.handshakes.run)
         async with trio.open_nursery() as handlers:
