@@ -60,6 +60,7 @@ class ServeSettings:
     # overload (docs/resilience.md)
     shed_max_in_flight: int | None = None
     shed_max_event_loop_lag: float | None = None
+    shed_max_cpu: float | None = None  # of the CPU the process may use (docs/resilience.md)
     # backends
     backend_kubeconfig: str | None = None
     max_backend_response_bytes: int = 16 * 1024 * 1024

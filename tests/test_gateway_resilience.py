@@ -239,3 +239,37 @@ async def test_reviews_are_shed_while_the_event_loop_lags(nursery: trio.Nursery,
     scraped = await client.post("/metrics", b"", method="GET")
     assert scraped is not None
     assert 'webhook_gateway_reviews_shed_total{reason="event_loop_lag"}' in scraped.body.decode()
+
+
+async def test_reviews_are_shed_while_the_process_uses_most_of_its_cpu(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """--shed-max-cpu: a review arriving after the process used more than that share of the CPU it
+    may use over the last 100 ms or more (here the test itself burns it, in the gateway's own
+    process) is shed; after a quiet spell, reviews call the backend again."""
+    import time
+
+    server = await nursery.start(lambda task_status: serve_backend(task_status=task_status))
+    backend_hook = hook("b.example.com", f"http://127.0.0.1:{server.port}/allow", failurePolicy="Ignore")
+    write(tmp_path / "c", [backend_hook], "")
+    running = await _gateway_with_metrics(nursery, tmp_path / "c", "--shed-max-cpu", "0.5")
+    client = await gateway_client(running)
+
+    async def allowed_after_calling_the_backend() -> bool:
+        calls = len(server.calls)
+        got = await client.post("/validate", json.dumps(review(pod())).encode())
+        assert got is not None and got.status == 200
+        assert got.json["response"]["allowed"] is True
+        return len(server.calls) > calls
+
+    await trio.sleep(0.3)  # quiet: the first measure covers it
+    assert await allowed_after_calling_the_backend()
+    spin_until = time.process_time() + 0.3  # the whole CPU for 0.3 s: twice the threshold
+    while time.process_time() < spin_until:
+        pass
+    assert not await allowed_after_calling_the_backend()  # shed: allowed under Ignore, not called
+    await trio.sleep(0.3)
+    assert await allowed_after_calling_the_backend()
+    scraped = await client.post("/metrics", b"", method="GET")
+    assert scraped is not None
+    assert 'webhook_gateway_reviews_shed_total{reason="cpu"} 1.0' in scraped.body.decode()

@@ -281,26 +281,44 @@ def test_bulkhead_never_exceeds_its_limit(limit: int, ops: list[bool]) -> None:
 # --- shedding ----------------------------------------------------------------------------------------
 
 SHED_CASES = [
-    pytest.param(ShedPolicy(), 1000, [5.0], None, id="no predictor configured: never shed"),
-    pytest.param(ShedPolicy(max_in_flight=3), 2, [], None, id="in-flight bound: below it, start"),
-    pytest.param(ShedPolicy(max_in_flight=3), 3, [], "in_flight", id="in-flight bound: at it, shed"),
+    pytest.param(ShedPolicy(), 1000, [5.0], None, 0.0, id="no predictor configured: never shed"),
+    pytest.param(ShedPolicy(max_in_flight=3), 2, [], None, 0.0, id="in-flight bound: below it, start"),
+    pytest.param(ShedPolicy(max_in_flight=3), 3, [], "in_flight", 0.0, id="in-flight bound: at it, shed"),
     pytest.param(
-        ShedPolicy(max_event_loop_lag=0.2), 0, [0.1], None, id="event-loop lag below the threshold: start"
+        ShedPolicy(max_event_loop_lag=0.2), 0, [0.1], None, 0.0, id="event-loop lag below the threshold: start"
     ),
     pytest.param(
-        ShedPolicy(max_event_loop_lag=0.2), 0, [0.3], "event_loop_lag", id="event-loop lag over it: shed"
+        ShedPolicy(max_event_loop_lag=0.2), 0, [0.3], "event_loop_lag", 0.0, id="event-loop lag over it: shed"
     ),
     pytest.param(
-        ShedPolicy(max_in_flight=3, max_event_loop_lag=0.2), 3, [0.3], "in_flight",
+        ShedPolicy(max_in_flight=3, max_event_loop_lag=0.2), 3, [0.3], "in_flight", 0.0,
         id="both say shed: the in-flight bound is named (it is exact)",
+    ),
+    pytest.param(
+        ShedPolicy(max_cpu_share=0.85), 0, [], None, 0.84,
+        id="the process used 84 % of the CPU it may use, --shed-max-cpu 0.85: start",
+    ),
+    pytest.param(
+        ShedPolicy(max_cpu_share=0.85), 0, [], "cpu", 0.85,
+        id="it used 85 %: shed, before the CPU quota stalls the event loop",
+    ),
+    pytest.param(
+        ShedPolicy(max_in_flight=3), 0, [], None, 1.0,
+        id="no CPU threshold: a process at its whole CPU is not shed for it",
+    ),
+    pytest.param(
+        ShedPolicy(max_event_loop_lag=0.2, max_cpu_share=0.85), 0, [0.3], "event_loop_lag", 0.9,
+        id="lag and CPU both say shed: the lag is named",
     ),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("policy", "in_flight", "lags", "expected"), SHED_CASES)
-def test_shedder_decides(policy: ShedPolicy, in_flight: int, lags: list[float], expected: str | None) -> None:
+@pytest.mark.parametrize(("policy", "in_flight", "lags", "expected", "cpu"), SHED_CASES)
+def test_shedder_decides(
+    policy: ShedPolicy, in_flight: int, lags: list[float], expected: str | None, cpu: float
+) -> None:
     clock = VirtualClock()
-    shedder = Shedder(policy, clock)
+    shedder = Shedder(policy, clock, lambda: cpu)
     for _ in range(in_flight):
         assert isinstance(shedder.try_start(), ReviewSlot)
     for lag in lags:

@@ -22,6 +22,16 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _cpu_fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"a share of the CPU is > 0 and <= 1, not {text}")
+    return value
+
+
 def build_parser(prog: str, *, usage: str | None = None, epilog: str | None = None) -> Parser:
     p = Parser(
         prog=prog,
@@ -249,6 +259,14 @@ def build_parser(prog: str, *, usage: str | None = None, epilog: str | None = No
         "--shed-max-event-loop-lag",
         type=float,
         help="the same while the event loop runs more than this many seconds late",
+    )
+    add_option(
+        r,
+        "--shed-max-cpu",
+        type=_cpu_fraction,
+        help="the same while the process used this share or more of the CPU it may use over the last "
+        "100 ms (its CPU quota's share per worker, at most one CPU; 0.85: 85 percent), before the quota "
+        "stalls it",
     )
 
     t = p.add_argument_group("backends")

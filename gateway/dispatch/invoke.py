@@ -91,7 +91,8 @@ class Backends:
 
 
 def shed_error(reason: str) -> CallingWebhookError:
-    """The call error of every call of a review the gateway sheds (``in_flight``, ``event_loop_lag``)."""
+    """The call error of every call of a review the gateway sheds (its reason: ``in_flight``,
+    ``event_loop_lag``, ``cpu``)."""
     return CallingWebhookError(
         f"the gateway is overloaded ({reason}); the call was not made", status_code=503, kind="shed"
     )

@@ -794,7 +794,7 @@ class Metrics:
         self.reviews_shed = _counter(
             "reviews_shed_total",
             "Reviews answered at once because the gateway was overloaded, as if every matched backend "
-            "had a call error under its own failurePolicy, per reason (in_flight, event_loop_lag).",
+            "had a call error under its own failurePolicy, per reason (in_flight, event_loop_lag, cpu).",
             ("reason",),
         )
         self.shadow_decisions = _counter(
@@ -831,7 +831,7 @@ class Metrics:
             self.shadow_decisions, self.backend_ca_expiry, self.backend_ca_updates,
             self.backend_certificate_expiry,
         )  # fmt: skip
-        for reason in ("in_flight", "event_loop_lag"):
+        for reason in ("in_flight", "event_loop_lag", "cpu"):
             self.reviews_shed.labels(reason)
         self.circuit_source: CircuitSource | None = None
 

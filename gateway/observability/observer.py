@@ -346,7 +346,8 @@ class Observability:
             self.prometheus.circuit_changed(webhook, int(state), state.label)
 
     def review_shed(self, reason: str) -> None:
-        """A review was answered at once because the gateway was overloaded (in_flight, event_loop_lag)."""
+        """A review was answered at once because the gateway was overloaded (its reason: in_flight,
+        event_loop_lag, cpu)."""
         if self.prometheus is not None:
             self.prometheus.review_shed(reason)
 

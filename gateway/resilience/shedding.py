@@ -1,31 +1,38 @@
 """Overload shedding for the gateway itself: refuse to *start* a review that cannot finish in time.
 
-Two predictors of "the gateway cannot start this review soon enough", both kept so that they can
-be measured side by side:
+Three predictors of "the gateway cannot start this review soon enough", kept so that they can be
+measured side by side:
 
 - ``in_flight``: more than ``max_in_flight`` reviews are being handled. Cheap and exact, but the
   right bound depends on the backends' latency and the machine.
 - ``event_loop_lag``: the event loop runs callbacks later than asked by more than
   ``max_event_loop_lag`` seconds. The lag is what a new review would wait before its first step,
   whatever causes it (CPU, a slow backend's bytes, garbage collection).
+- ``cpu``: the process used ``max_cpu_share`` or more of the CPU it may use over the last 100 ms
+  (its CPU quota's share, at most one CPU: a pod's ``limits.cpu``). Under a CFS quota the loop
+  shows no lag until the quota is spent, and then stops for the rest of the period (up to tens of
+  milliseconds), long enough for the kube-apiserver to run out of idle connections and dial; this
+  one sheds before that.
 
 A shed review is answered at once as if every matched backend had a call error under its own
 failurePolicy (HTTP 200): shedding never produces a decision the backends' policies would not. The
 server passes the reason (``try_start``'s answer) to dispatch with the review, which refuses each
 of its calls (``gateway.dispatch.invoke``).
-The server feeds lag samples from a probe task (``observe_lag``); this module does no I/O.
+The server feeds lag samples from a probe task (``observe_lag``) and gives the CPU measure
+(``cpu_share``: the share of its budget the process used lately); this module does no I/O.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from gateway.resilience.breaker import Clock
 
-ShedReason = Literal["in_flight", "event_loop_lag"]
-SHED_REASONS: Final[tuple[ShedReason, ...]] = ("in_flight", "event_loop_lag")
+ShedReason = Literal["in_flight", "event_loop_lag", "cpu"]
+SHED_REASONS: Final[tuple[ShedReason, ...]] = ("in_flight", "event_loop_lag", "cpu")
 
 _SAMPLES: Final = 64  # lag samples kept; only those inside the window count
 
@@ -36,6 +43,7 @@ class ShedPolicy:
 
     max_in_flight: int | None = None
     max_event_loop_lag: float | None = None  # seconds
+    max_cpu_share: float | None = None  # of the CPU the process may use (1.0: all of it)
     lag_probe_interval: float = 0.05  # how often the server's probe asks to be woken (seconds)
     lag_window: float = 1.0  # how long one lag sample keeps counting (seconds)
 
@@ -44,12 +52,18 @@ class ShedPolicy:
             raise ValueError("max_in_flight must be >= 1")
         if self.max_event_loop_lag is not None and self.max_event_loop_lag <= 0:
             raise ValueError("max_event_loop_lag must be > 0")
+        if self.max_cpu_share is not None and not 0 < self.max_cpu_share <= 1:
+            raise ValueError("max_cpu_share must be > 0 and <= 1")
         if self.lag_probe_interval <= 0 or self.lag_window <= 0:
             raise ValueError("lag_probe_interval and lag_window must be > 0")
 
     @property
     def enabled(self) -> bool:
-        return self.max_in_flight is not None or self.max_event_loop_lag is not None
+        return (
+            self.max_in_flight is not None
+            or self.max_event_loop_lag is not None
+            or self.max_cpu_share is not None
+        )
 
 
 @dataclass(eq=False, slots=True)
@@ -65,6 +79,7 @@ class Assessment:
 
     in_flight: bool
     event_loop_lag: bool
+    cpu: bool = False
 
     @property
     def reason(self) -> ShedReason | None:
@@ -73,17 +88,25 @@ class Assessment:
             return "in_flight"
         if self.event_loop_lag:
             return "event_loop_lag"
+        if self.cpu:
+            return "cpu"
         return None
 
 
 class Shedder:
-    """Counts reviews in flight and holds recent event-loop lag. Not thread-safe."""
+    """Counts reviews in flight and holds recent event-loop lag. Not thread-safe.
 
-    __slots__ = ("_clock", "_last_sample_at", "_samples", "in_flight", "policy")
+    ``cpu_share``: the share of the CPU it may use the process used lately (1.0: all of it), asked
+    when ``policy.max_cpu_share`` is set (never shed for CPU without it)."""
 
-    def __init__(self, policy: ShedPolicy, clock: Clock) -> None:
+    __slots__ = ("_clock", "_cpu_share", "_last_sample_at", "_samples", "in_flight", "policy")
+
+    def __init__(
+        self, policy: ShedPolicy, clock: Clock, cpu_share: Callable[[], float] | None = None
+    ) -> None:
         self.policy = policy
         self._clock = clock
+        self._cpu_share = cpu_share
         self.in_flight = 0
         self._samples: deque[tuple[float, float]] = deque(maxlen=_SAMPLES)
         self._last_sample_at: float | None = None
@@ -115,9 +138,11 @@ class Shedder:
 
     def assess(self) -> Assessment:
         policy = self.policy
+        cpu = policy.max_cpu_share
         return Assessment(
             in_flight=policy.max_in_flight is not None and self.in_flight >= policy.max_in_flight,
             event_loop_lag=policy.max_event_loop_lag is not None and self.lag() > policy.max_event_loop_lag,
+            cpu=cpu is not None and self._cpu_share is not None and self._cpu_share() >= cpu,
         )
 
     def try_start(self) -> ReviewSlot | ShedReason:

@@ -19,11 +19,17 @@ from gateway.resilience import ReviewSlot, Shedder, ShedPolicy
 
 
 class OverloadGate:
-    """The shedder with the trio clock, and its lag probe; ``on_shed(reason)`` counts shed reviews."""
+    """The shedder with the trio clock, and its lag probe; ``on_shed(reason)`` counts shed reviews;
+    ``cpu_share``: the process's CPU measure (``gateway.server.cgroup.CpuShare.share``)."""
 
-    def __init__(self, policy: ShedPolicy, on_shed: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        policy: ShedPolicy,
+        on_shed: Callable[[str], None] | None = None,
+        cpu_share: Callable[[], float] | None = None,
+    ) -> None:
         self.policy = policy
-        self.shedder = Shedder(policy, trio.current_time)
+        self.shedder = Shedder(policy, trio.current_time, cpu_share)
         self._on_shed = on_shed
 
     @contextmanager

@@ -207,7 +207,7 @@ async def serve(
             # Shadow-mode calls outlive the review that started them: the server's nursery owns them.
             shadow=ShadowCalls(nursery, on_result=observer.shadow_decided),
         )
-        overload = _overload_gate(options, observer)
+        overload = _overload_gate(options, observer, runtime.cpu_budget)
         if overload is not None and overload.policy.max_event_loop_lag is not None:
             await nursery.start(overload.run_lag_probe)
         app = GatewayApp(
@@ -525,16 +525,22 @@ async def _ca_sources(
     return sources
 
 
-def _overload_gate(options: ServeSettings, observer: Any) -> Any:
-    """Overload shedding when --shed-max-in-flight or --shed-max-event-loop-lag is given."""
+def _overload_gate(options: ServeSettings, observer: Any, cpu_budget: float) -> Any:
+    """Overload shedding when --shed-max-in-flight, --shed-max-event-loop-lag or --shed-max-cpu is
+    given; the CPU is measured against ``cpu_budget`` (``cgroup.cpu_share``)."""
     from gateway.resilience import ShedPolicy
+    from gateway.server.cgroup import CpuShare
     from gateway.server.overload import OverloadGate
 
     policy = ShedPolicy(
         max_in_flight=options.shed_max_in_flight,
         max_event_loop_lag=options.shed_max_event_loop_lag,
+        max_cpu_share=options.shed_max_cpu,
     )
-    return OverloadGate(policy, on_shed=observer.review_shed) if policy.enabled else None
+    if not policy.enabled:
+        return None
+    cpu = CpuShare(cpu_budget) if policy.max_cpu_share is not None else None
+    return OverloadGate(policy, on_shed=observer.review_shed, cpu_share=cpu.share if cpu else None)
 
 
 def _endpoint_slices(
