@@ -54,6 +54,36 @@ def test_help_documents_every_option_and_its_variable() -> None:
         assert "WEBHOOK_GATEWAY_" + option[2:].replace("-", "_").upper() in out
 
 
+BAD_VALUES = [
+    pytest.param(
+        ["--memory-limit", "lots"], {}, "argument --memory-limit: 'lots' is not a size",
+        id="an option given a value its type refuses: a usage error (exit 2) naming the option",
+    ),
+    pytest.param(
+        [], {"WEBHOOK_GATEWAY_MEMORY_LIMIT": "lots"}, "WEBHOOK_GATEWAY_MEMORY_LIMIT: 'lots' is not a size",
+        id="the same value from its environment variable: a usage error (exit 2) naming the variable, no traceback",
+    ),
+    pytest.param(
+        [], {"WEBHOOK_GATEWAY_SHED_MAX_CPU": "1.5"}, "WEBHOOK_GATEWAY_SHED_MAX_CPU: a share of the CPU is > 0 and <= 1",
+        id="--shed-max-cpu beyond the whole CPU, from its variable: a usage error naming it",
+    ),
+    pytest.param(
+        ["--shed-max-cpu", "0"], {}, "argument --shed-max-cpu: a share of the CPU is > 0 and <= 1, not 0",
+        id="--shed-max-cpu 0: a usage error",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "env", "message"), BAD_VALUES)
+def test_a_value_its_option_refuses_is_a_usage_error(
+    args: list[str], env: dict[str, str], message: str
+) -> None:
+    result = run_cli(*args, env=env)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 CHECKS = [
     pytest.param(
         {

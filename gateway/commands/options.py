@@ -76,7 +76,11 @@ def add_option(
             kwargs["default"] = [part for part in raw.split(",") if part]
             kwargs["action"] = _AppendOverridingDefault  # the command line replaces the variable's list
         else:
-            kwargs["default"] = kwargs.get("type", str)(raw)
+            try:
+                kwargs["default"] = kwargs.get("type", str)(raw)
+            except (ValueError, argparse.ArgumentTypeError) as exc:  # a usage error, as on the command line
+                sys.stderr.write(f"webhook-gateway: error: {env}: {exc}\n")
+                raise SystemExit(2) from None
         kwargs.pop("required", None)
     default = kwargs.get("default")
     if shown_default is not None:
