@@ -69,6 +69,7 @@ def test_shed_and_shadow_counters() -> None:
     assert scrape(m)[P + "reviews_shed_total"] == {
         frozenset({("reason", "in_flight")}): 0.0,
         frozenset({("reason", "event_loop_lag")}): 0.0,
+        frozenset({("reason", "cpu")}): 0.0,
     }
     m.review_shed("event_loop_lag")
     m.shadow_decision("new.check.example.com", "denied")
