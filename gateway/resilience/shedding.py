@@ -79,7 +79,7 @@ class Assessment:
 
     in_flight: bool
     event_loop_lag: bool
-    cpu: bool = False
+    cpu: bool
 
     @property
     def reason(self) -> ShedReason | None:

@@ -22,9 +22,9 @@ Reasons (limits; docs/inbound.md, "Connections that are not established yet"):
 
 - **Established connections first** (``HandshakeGate``, ``--handshake-burst``): a handshake's
   crypto waits for a token, and tokens come back when the event loop has run everything else, or
-  at a fixed small rate while the process uses most of its CPU (``cgroup.CpuShare``); waiting handshakes
-  go oldest first. While ``--max-waiting-handshakes`` wait, the listener stops
-  accepting (``HandshakeGate.room``): further dials wait in the kernel's accept queue.
+  at a fixed small rate while the process uses most of its CPU (``cgroup.CpuShare``); waiting
+  handshakes go oldest first. While ``--max-waiting-handshakes`` wait, the listener stops accepting
+  (``HandshakeGate.room``): further dials wait in the kernel's accept queue.
 - **A dial its client gave up is not computed.** A TLS connection is checked for its client's FIN
   or reset when it is accepted (the listener) and again after it waited at the gate
   (``client_gone``; Go's transport gives a dial up at its TLS handshake timeout, 10 s under
@@ -302,8 +302,8 @@ class HandshakeGate:
     An idle moment of the loop is not spare CPU, though: under a CPU limit (a pod's, a CFS quota)
     the loop goes idle between reviews while the process uses its whole quota, and handshakes
     admitted at each such moment take the time the established connections needed. So while
-    ``busy()`` says the process used most of the CPU it may use (``cgroup.CpuShare``), the tokens come back
-    every ``max_delay`` seconds as when the loop is never idle. Measured with the apiserver's own
+    ``busy()`` says the process used most of the CPU it may use (``cgroup.CpuShare``), the tokens
+    come back every ``max_delay`` seconds as when the loop is never idle. Measured with the apiserver's own
     client, one backend at 3× the capacity on half a CPU, ``--shed-max-in-flight 8``: reviews in time
     median 46 % against 17 %, better in 8 of 9 alternated pairs (docs/performance.md, "Overload").
     """
