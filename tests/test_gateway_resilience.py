@@ -273,3 +273,62 @@ async def test_reviews_are_shed_while_the_process_uses_most_of_its_cpu(
     scraped = await client.post("/metrics", b"", method="GET")
     assert scraped is not None
     assert 'webhook_gateway_reviews_shed_total{reason="cpu"} 1.0' in scraped.body.decode()
+
+
+async def test_the_cpu_the_process_may_use_is_read_again_while_it_serves(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """--shed-max-cpu measures against the CPU the process may use *now*: a pod's CPU limit can
+    change while it runs (an in-place resize rewrites its cgroup's ``cpu.max``), and so can the CPUs
+    it may run on. Both are read again every second (``cgroup.CpuBudget``). Here the CPUs change (a
+    test may not write the machine's cgroups): one of two worker processes may use one CPU of two,
+    and half of one once the process may run on a single CPU. The same 60 % of a CPU is below the
+    0.85 threshold before and above it after."""
+    import os
+    import time
+
+    cpus = os.sched_getaffinity(0)
+    assert len(cpus) >= 2, "this test narrows the process to one CPU: it needs two to start with"
+    server = await nursery.start(lambda task_status: serve_backend(task_status=task_status))
+    backend_hook = hook("b.example.com", f"http://127.0.0.1:{server.port}/allow", failurePolicy="Ignore")
+    write(tmp_path / "c", [backend_hook], "")
+    argv = ["--config", str(tmp_path / "c"), "--bind", "127.0.0.1:0", "--drain-seconds", "0"]
+    options = parse([*argv, "--shed-max-cpu", "0.85"]).options
+    running: Running = await nursery.start(
+        lambda task_status: serve(
+            options,
+            observer=Observability(metrics=True),
+            handle_signals=False,
+            processes=2,
+            task_status=task_status,
+        )
+    )
+    client = await gateway_client(running)
+
+    async def called_the_backend(after_60_percent_of_a_cpu: bool = True) -> bool:
+        until = time.monotonic() + 0.3
+        while after_60_percent_of_a_cpu and time.monotonic() < until:  # 6 ms of CPU in every 10 ms
+            spin_until = time.process_time() + 0.006
+            while time.process_time() < spin_until:
+                pass
+            time.sleep(0.004)
+        calls = len(server.calls)
+        got = await client.post("/validate", json.dumps(review(pod())).encode())
+        assert got is not None and got.status == 200
+        assert got.json["response"]["allowed"] is True
+        return len(server.calls) > calls
+
+    try:
+        await trio.sleep(0.3)  # quiet: each measure covers the time since the last one
+        assert await called_the_backend(after_60_percent_of_a_cpu=False)
+        assert await called_the_backend()  # 0.6 of one CPU
+        os.sched_setaffinity(0, {min(cpus)})  # this thread runs the event loop: what the gateway reads
+        await trio.sleep(1.1)  # the budget is read again at most once a second
+        with capture_logs() as logs:
+            assert await called_the_backend(after_60_percent_of_a_cpu=False)  # quiet: not shed
+        assert [(e["before"], e["cpu_budget"]) for e in logs if e["event"] == "cpu budget changed"] == [
+            (1.0, 0.5)
+        ]
+        assert not await called_the_backend()  # 1.2 of half a CPU: shed
+    finally:
+        os.sched_setaffinity(0, cpus)

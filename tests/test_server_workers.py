@@ -23,7 +23,7 @@ import trustme
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.observability import Metrics
-from gateway.server.cgroup import CpuShare, cpu_share
+from gateway.server.cgroup import CpuBudget, CpuShare, cpu_share
 from gateway.server.workers import available_cpus, capture, merge
 from loadtests.processes import free_port
 from tests.support.client import connect
@@ -139,6 +139,32 @@ def test_a_cpu_share_is_measured_over_at_least_its_window() -> None:
     assert share.share() == 0
     with pytest.raises(ValueError, match="budget"):
         CpuShare(0)
+
+
+def test_a_cpu_budget_follows_a_limit_changed_while_the_process_runs(tmp_path: Path) -> None:
+    """An in-place resize of a pod rewrites its cgroup's ``cpu.max``: the budget the handshake gate
+    and ``--shed-max-cpu`` measure against is read again once its refresh interval has passed, not
+    before, and a change is reported once (the ``cpu budget changed`` log line)."""
+    proc_cgroup, root = _cgroup(tmp_path, "0::/\n", {"cpu.max": "100000 100000\n"})
+    now, changes = [0.0], []
+    budget = CpuBudget(
+        lambda: cpu_share(1, affinity=2, proc_cgroup=proc_cgroup, cgroup_root=root),
+        refresh=1.0,
+        clock=lambda: now[0],
+        on_change=lambda before, after: changes.append((before, after)),
+    )
+    assert budget() == 1.0
+    (root / "cpu.max").write_text("50000 100000\n")  # resized to 500m
+    now[0] = 0.9
+    assert budget() == 1.0  # not read again yet
+    now[0] = 1.0
+    assert budget() == 0.5
+    now[0] = 2.5
+    assert budget() == 0.5
+    assert changes == [(1.0, 0.5)]
+    share = CpuShare(budget, window=0.1, clock=lambda: now[0], cpu=lambda: now[0] * 0.5)
+    now[0] = 2.6
+    assert share.share() == pytest.approx(1.0)  # half a CPU used of the half it may use
 
 
 def test_default_worker_count_of_this_process() -> None:

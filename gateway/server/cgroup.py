@@ -2,9 +2,10 @@
 
 Used for CPU (``cpu_quota``, ``cpu_share``: ``cpu.max`` / ``cpu.cfs_quota_us``; by
 ``workers.available_cpus``, and as the budget ``CpuShare`` measures the process's CPU against for
-the inbound handshake gate and overload shedding) and by ``memory.memory_limit``
-(``memory.max`` / ``memory.limit_in_bytes``): a limit set on any ancestor of the process's cgroup
-binds it, so the tightest on the way up to the root counts. A container sees its own cgroup as ``/``.
+the inbound handshake gate and overload shedding, read again while serving by ``CpuBudget``) and
+by ``memory.memory_limit`` (``memory.max`` / ``memory.limit_in_bytes``): a limit set on any
+ancestor of the process's cgroup binds it, so the tightest on the way up to the root counts. A
+container sees its own cgroup as ``/``.
 """
 
 from __future__ import annotations
@@ -12,13 +13,15 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import trio
 
-__all__ = ["CpuShare", "cpu_quota", "cpu_share", "limit_directories"]
+__all__ = ["CpuBudget", "CpuShare", "cpu_quota", "cpu_share", "limit_directories"]
 
 CPU_WINDOW = 0.1  # seconds: what ``CpuShare`` measures over, at least
+BUDGET_REFRESH = 1.0  # seconds: how often ``CpuBudget`` reads the limits again, at most
 
 _PROC_CGROUP = Path("/proc/self/cgroup")
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -50,10 +53,51 @@ def cpu_share(
     return min(1.0, cpus / max(1, processes))
 
 
+class CpuBudget:
+    """The CPUs this process may use now (``cpu_share``), read again at most every ``refresh`` seconds.
+
+    A pod's CPU limit can change while it runs: an in-place resize (``kubectl patch pod ...
+    --subresource resize``) rewrites its container's ``cpu.max``, and the CPUs it may run on can
+    change with it. Read once at start, a budget would stay what it was: half a CPU measured
+    against a whole one never looks busy. Reading costs a few file reads, so it is done when asked
+    and at most once per ``refresh`` seconds; ``on_change(before, now)`` is called when it changed.
+    Called (``budget()``) by every ``CpuShare`` of the process's listener and overload gate.
+    """
+
+    __slots__ = ("_clock", "_on_change", "_read", "_read_at", "_refresh", "_value")
+
+    def __init__(
+        self,
+        read: Callable[[], float],
+        *,
+        refresh: float = BUDGET_REFRESH,
+        clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[float, float], object] | None = None,
+    ) -> None:
+        self._read = read
+        self._refresh = refresh
+        self._clock = clock
+        self._on_change = on_change
+        self._value = read()
+        self._read_at = clock()
+
+    def __call__(self) -> float:
+        now = self._clock()
+        if now - self._read_at >= self._refresh:
+            self._read_at = now
+            value = self._read()
+            if value != self._value:
+                before, self._value = self._value, value
+                if self._on_change is not None:
+                    self._on_change(before, value)
+        return self._value
+
+
 class CpuShare:
     """How much of the CPU it may use this process used lately: 1.0 is its whole ``budget``.
 
-    ``budget``: the CPUs this process may use (``cpu_share``). The share is the process's CPU time
+    ``budget``: the CPUs this process may use (``cpu_share``), or what says it when asked
+    (``CpuBudget``: read again while the process runs). The share is the process's CPU time
     (``cpu``, all its threads) over the wall time (``clock``) since it was last measured, measured
     again when at least ``window`` seconds have passed since; so it covers the last ``window``
     seconds or more, and costs one clock read when asked more often. After a quiet spell the first
@@ -65,15 +109,15 @@ class CpuShare:
 
     def __init__(
         self,
-        budget: float,
+        budget: float | Callable[[], float],
         *,
         window: float = CPU_WINDOW,
         clock: Callable[[], float] = trio.current_time,
         cpu: Callable[[], float] = time.process_time,
     ) -> None:
-        if budget <= 0:
+        if not callable(budget) and budget <= 0:
             raise ValueError("budget must be > 0")
-        self._budget = budget
+        self._budget = budget if callable(budget) else partial(float, budget)
         self._window = window
         self._clock = clock
         self._cpu = cpu
@@ -85,7 +129,7 @@ class CpuShare:
         now = self._clock()
         if now - self._since >= self._window:
             spent = self._cpu()
-            self._share = (spent - self._spent) / (now - self._since) / self._budget
+            self._share = (spent - self._spent) / (now - self._since) / self._budget()
             self._since, self._spent = now, spent
         return self._share
 

@@ -242,9 +242,10 @@ class InboundRuntime:
     events: InboundEvents = field(default_factory=NullEvents)
     max_connections: int = 1 << 20
     max_pending: int = 1 << 20  # connections not established yet (``PendingConnection``)
-    # The CPUs this process may use (``gateway.server.cgroup.cpu_share``): what the handshake gate
-    # measures the process's CPU against (``CpuShare``).
-    cpu_budget: float = 1.0
+    # The CPUs this process may use (``gateway.server.cgroup.cpu_share``), or what says it when asked
+    # (``CpuBudget``, read again while serving): what the handshake gate measures the process's CPU
+    # against (``CpuShare``).
+    cpu_budget: float | Callable[[], float] = 1.0
     draining: bool = False
     terminating: bool = False
     connections: set[Any] = field(default_factory=set)

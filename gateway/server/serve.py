@@ -29,7 +29,7 @@ from gateway.dispatch.engine import Dispatcher, DispatchSettings
 from gateway.dispatch.ports import NamespaceNotFoundError
 from gateway.errors import ConfigError, ListenError
 from gateway.server.app import GatewayApp, Readiness, ServerSettings, request_path
-from gateway.server.cgroup import cpu_share
+from gateway.server.cgroup import CpuBudget, cpu_share
 from gateway.server.gcgovernor import GcGovernor, GcPolicy, govern
 from gateway.server.hypercorn.config import GatewayConfig, server_config
 from gateway.server.hypercorn.listener import serve_inbound
@@ -393,7 +393,12 @@ def inbound_runtime(
         resident=resident_bytes(),
         processes=processes,
     )
-    budget = cpu_share(processes)  # what the handshake gate measures the process's CPU against
+    # What the handshake gate and --shed-max-cpu measure the process's CPU against: read again while
+    # serving, since a pod's CPU limit can change while it runs (in-place resize).
+    budget = CpuBudget(
+        partial(cpu_share, processes),
+        on_change=lambda before, now: log.info("cpu budget changed", cpu_budget=now, before=before),
+    )
     log.info(
         "inbound connection bounds",
         connections=bounds.connections,
@@ -403,7 +408,7 @@ def inbound_runtime(
         memory_limit=limit,
         memory_limit_from="--memory-limit" if options.memory_limit else "cgroup" if detected else "machine",
         processes=processes,
-        cpu_budget=budget,
+        cpu_budget=budget(),
     )
     return InboundRuntime(
         limits=limits,
@@ -525,9 +530,9 @@ async def _ca_sources(
     return sources
 
 
-def _overload_gate(options: ServeSettings, observer: Any, cpu_budget: float) -> Any:
+def _overload_gate(options: ServeSettings, observer: Any, cpu_budget: float | Callable[[], float]) -> Any:
     """Overload shedding when --shed-max-in-flight, --shed-max-event-loop-lag or --shed-max-cpu is
-    given; the CPU is measured against ``cpu_budget`` (``cgroup.cpu_share``)."""
+    given; the CPU is measured against ``cpu_budget`` (``cgroup.CpuBudget``)."""
     from gateway.resilience import ShedPolicy
     from gateway.server.cgroup import CpuShare
     from gateway.server.overload import OverloadGate
