@@ -59,6 +59,7 @@ _SERVER = textwrap.dedent(
     import gc, os, ssl, sys, trio
     from gateway.server.hypercorn.config import server_config
     from gateway.server.hypercorn.listener import serve_inbound
+    from gateway.server.limits import InboundLimits, InboundRuntime
     from gateway.wire.tls import server_context
 
     cert, key, port_file, profile = sys.argv[1:5]
@@ -82,7 +83,9 @@ _SERVER = textwrap.dedent(
         await send({"type": "http.response.body", "body": b"ok"})
 
     async def main():
-        cfg = server_config("127.0.0.1:0", tls=tls, shutdown_timeout=1.0)
+        # What a connection costs, not how fast the gateway admits them: no --handshake-rate bound.
+        runtime = InboundRuntime(limits=InboundLimits(handshake_rate=0))
+        cfg = server_config("127.0.0.1:0", tls=tls, shutdown_timeout=1.0, runtime=runtime)
         stop = trio.Event()
         async with trio.open_nursery() as nursery:
             urls = await nursery.start(

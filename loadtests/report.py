@@ -54,7 +54,8 @@ def _policy(o: Options) -> str:
     if o.connection_policy == "per-review":
         return (
             "connections: a NEW one per review (connect, full TLS handshake, one review, close): "
-            f"CPU µs/rev is the cost of a new connection; {deadline}"
+            "CPU µs/rev is the cost of a new connection (the gateway with --handshake-rate 0: "
+            f"admitted as fast as they come); {deadline}"
         )
     return (
         f"connections: client-go's policy (keep-alive, at most {o.max_idle} idle per host, a new one "

@@ -829,6 +829,11 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
             direct_url = urls.get(spec.name, f"{scheme}://127.0.0.1:{ports[0]}/allow")
             direct_endpoint, direct_path = Endpoint.parse(direct_url, ctx)
             gw_endpoint = None
+            # A new connection per review measures what a connection costs, not how fast the gateway
+            # admits them (--handshake-rate); a variable, which a baseline tree without it ignores.
+            admit_all = {"WEBHOOK_GATEWAY_HANDSHAKE_RATE": "0"}
+            if opts.connection_policy != "per-review":
+                admit_all = {}
             if opts.gateway:
                 gateway, gw_endpoint, probe = await _start_gateway(
                     stack,
@@ -840,7 +845,7 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
                     args=gateway_args,
                     say=say,
                     tree=None,
-                    env=opts.gateway_env,
+                    env=admit_all | opts.gateway_env,
                     gc_stats=opts.gc_stats,
                     cpus=server_cpus,
                 )
@@ -861,7 +866,7 @@ async def run(scenario: Scenario, opts: Options, say: Callable[[str], None]) -> 
                     say=say,
                     tree=tree,
                     name="baseline",
-                    env=opts.gateway_env if opts.baseline_env is None else opts.baseline_env,
+                    env=admit_all | (opts.gateway_env if opts.baseline_env is None else opts.baseline_env),
                     gc_stats=opts.gc_stats,
                     cpus=server_cpus,
                 )

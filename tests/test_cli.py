@@ -71,6 +71,14 @@ BAD_VALUES = [
         ["--shed-max-cpu", "0"], {}, "argument --shed-max-cpu: a share of the CPU is > 0 and <= 1, not 0",
         id="--shed-max-cpu 0: a usage error",
     ),
+    pytest.param(
+        ["--handshake-rate", "-1"], {}, "argument --handshake-rate: a rate is a number >= 0, not -1",
+        id="--handshake-rate below zero: a usage error",
+    ),
+    pytest.param(
+        [], {"WEBHOOK_GATEWAY_HANDSHAKE_RATE": "nan"}, "WEBHOOK_GATEWAY_HANDSHAKE_RATE: a rate is a number >= 0, not nan",
+        id="--handshake-rate not a number, from its variable: a usage error naming it",
+    ),
 ]  # fmt: skip
 
 

@@ -173,6 +173,50 @@ async def test_new_tls_connections_get_through_the_gate(
     assert gw.counter("inbound_closed", "handshake_timeout") == 0
 
 
+RATE_CASES = [
+    pytest.param(
+        ["--handshake-rate", "5"],
+        (5, 11),
+        id="--handshake-rate 5: of 20 dials at once on an idle gateway, 5 are handshaken at once and 5 a "
+        "second after that; every review is answered",
+    ),
+    pytest.param(["--handshake-rate", "0"], (20, 20), id="--handshake-rate 0: all 20 in the first second"),
+]
+
+
+@pytest.mark.parametrize(("args", "in_the_first_second"), RATE_CASES)
+async def test_handshakes_are_admitted_at_most_at_the_handshake_rate(
+    nursery: trio.Nursery, tmp_path: Path, args: list[str], in_the_first_second: tuple[int, int]
+) -> None:
+    """An idle moment of the loop is not a reason to handshake every dial waiting: after a burst,
+    client-go has thousands of dials open whose reviews were served on connections that came back,
+    and handshaking them at each idle moment kept p99 up long after it (docs/performance.md, "after
+    a 2 s burst"). A one-second bucket bounds them, whatever the loop's idle moments say."""
+    gw, context = await _tls_gateway(nursery, tmp_path, *args)
+    start = trio.current_time()
+    handshaken: list[float] = []
+
+    async def one() -> None:
+        stream = trio.SSLStream(
+            await trio.open_tcp_stream("127.0.0.1", gw.port), context, server_hostname="localhost"
+        )
+        with trio.fail_after(10):
+            await stream.do_handshake()
+            handshaken.append(trio.current_time() - start)
+            await stream.send_all(review_request())
+            reply = await read_response(stream)  # type: ignore[arg-type]
+        await trio.aclose_forcefully(stream)
+        assert reply.split(b" ", 2)[1] == b"200"
+
+    async with trio.open_nursery() as clients:
+        for _ in range(20):
+            clients.start_soon(one)
+    low, high = in_the_first_second
+    assert low <= sum(1 for at in handshaken if at < 1.0) <= high
+    assert len(handshaken) == 20
+    assert gw.counter("inbound_closed", "handshake_timeout") == 0
+
+
 def _keep_the_loop_busy(nursery: trio.Nursery) -> trio.CancelScope:
     """A task that always has work, so that the event loop never goes idle, until the scope it
     returns is cancelled."""
@@ -410,6 +454,24 @@ async def test_a_process_without_cpu_to_spare_admits_burst_handshakes_per_50_ms(
     admitted = await _admitted_in_a_second(
         HandshakeGate(burst=1, busy=lambda: share_of.share() >= BUSY_CPU_SHARE), 1, mock_clock, idle=True
     )
+    low, high = expected
+    assert low <= admitted <= high
+
+
+@pytest.mark.parametrize(
+    ("rate", "expected"),
+    [
+        pytest.param(20.0, (38, 39), id="--handshake-rate 20 with the loop idle between steps: a second's worth at once (20, one of them taken before), then one per 50 ms, 39 in a second"),
+        pytest.param(5.0, (9, 9), id="--handshake-rate 5: 5 at once (one taken before), then one per 200 ms, 9 in a second"),
+        pytest.param(0.0, (200, 200), id="--handshake-rate 0: a handshake at each idle moment of the loop, all 200 in a second"),
+    ],
+)  # fmt: skip
+async def test_an_idle_loop_admits_at_most_the_handshake_rate(
+    rate: float, expected: tuple[int, int], mock_clock: trio.testing.MockClock
+) -> None:
+    """The loop goes idle every 1 ms of trio's mock clock and the process has CPU to spare: without a
+    rate every idle moment admits one; with one, the bucket does."""
+    admitted = await _admitted_in_a_second(HandshakeGate(burst=1, rate=rate), 1, mock_clock, idle=True)
     low, high = expected
     assert low <= admitted <= high
 

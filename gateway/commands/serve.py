@@ -32,6 +32,16 @@ def _cpu_fraction(text: str) -> float:
     return value
 
 
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"a rate is a number >= 0, not {text}")
+    return value
+
+
 def build_parser(prog: str, *, usage: str | None = None, epilog: str | None = None) -> Parser:
     p = Parser(
         prog=prog,
@@ -148,6 +158,15 @@ def build_parser(prog: str, *, usage: str | None = None, epilog: str | None = No
         "first; the oldest waiting handshake first); 0: no such gate",
         type=int,
         default=D.handshake_burst,
+    )
+    add_option(
+        i,
+        "--handshake-rate",
+        help="TLS handshakes a second at most, on average, behind --handshake-burst (as many at once "
+        "after a quiet second): a caller the gateway keeps up with needs few new connections, and "
+        "dials left over from a burst cost a handshake each; 0: no such bound",
+        type=_non_negative_float,
+        default=D.handshake_rate,
     )
     add_option(
         i,

@@ -430,6 +430,7 @@ def inbound_limits(options: ServeSettings) -> InboundLimits:
         max_pending=options.max_pending_connections,
         handshake_timeout=options.handshake_timeout,
         handshake_burst=options.handshake_burst,
+        handshake_rate=options.handshake_rate,
         max_waiting_handshakes=options.max_waiting_handshakes,
         h2_control_burst=options.h2_control_frame_burst,
         h2_control_rate=options.h2_control_frame_rate,

@@ -308,14 +308,35 @@ class HandshakeGate:
     median 46 % against 17 %, better in 8 of 9 alternated pairs (docs/performance.md, "Overload").
     """
 
-    __slots__ = ("_burst", "_busy", "_max_delay", "_room", "_tokens", "_waiters", "_wake", "running")
+    __slots__ = (
+        "_allowance",
+        "_allowance_at",
+        "_burst",
+        "_busy",
+        "_max_delay",
+        "_rate",
+        "_room",
+        "_tokens",
+        "_waiters",
+        "_wake",
+        "running",
+    )
 
     def __init__(
-        self, burst: int, max_delay: float = BUSY_ADMISSION_INTERVAL, busy: Callable[[], bool] | None = None
+        self,
+        burst: int,
+        max_delay: float = BUSY_ADMISSION_INTERVAL,
+        busy: Callable[[], bool] | None = None,
+        rate: float = 0.0,
     ) -> None:
         self._burst = max(1, burst)
         self._max_delay = max_delay
         self._busy = busy
+        # At most ``rate`` handshakes a second on average, ``rate`` at once after a quiet second
+        # (a token bucket of one second's handshakes; 0: no such bound).
+        self._rate = rate
+        self._allowance = max(0.0, rate - self._burst)
+        self._allowance_at = trio.current_time()
         self._tokens = self._burst
         self._waiters: deque[trio.Event] = deque()  # waiting handshakes, oldest first
         self._wake = trio.Event()
@@ -373,7 +394,7 @@ class HandshakeGate:
             else:
                 with trio.move_on_after(self._max_delay):
                     await trio.testing.wait_all_tasks_blocked()
-            self._tokens = self._burst
+            self._tokens = self._burst if not self._rate else await self._within_rate()
             waiters = self._waiters
             while self._tokens and waiters:
                 self._tokens -= 1
@@ -381,3 +402,14 @@ class HandshakeGate:
             self._left()
             if waiters:
                 self._wake.set()  # more to admit at the next idle moment
+
+    async def _within_rate(self) -> int:
+        """Up to ``burst`` tokens from the one-second bucket, waiting for the first if it is empty."""
+        now = trio.current_time()
+        allowance = min(self._rate, self._allowance + (now - self._allowance_at) * self._rate)
+        if allowance < 1:
+            await trio.sleep((1 - allowance) / self._rate)
+            allowance, now = 1.0, trio.current_time()
+        tokens = min(self._burst, int(allowance))
+        self._allowance, self._allowance_at = allowance - tokens, now
+        return tokens

@@ -106,7 +106,9 @@ async def serve_inbound(
         if tls_context is not None and runtime.limits.handshake_burst > 0:
             cpu = CpuShare(runtime.cpu_budget)
             runtime.handshakes = HandshakeGate(
-                runtime.limits.handshake_burst, busy=lambda: cpu.share() >= BUSY_CPU_SHARE
+                runtime.limits.handshake_burst,
+                busy=lambda: cpu.share() >= BUSY_CPU_SHARE,
+                rate=runtime.limits.handshake_rate,
             )
             timers.start_soon(runtime.handshakes.run)
         async with trio.open_nursery() as handlers:
