@@ -176,23 +176,48 @@ async def test_new_tls_connections_get_through_the_gate(
 RATE_CASES = [
     pytest.param(
         ["--handshake-rate", "5"],
+        True,
         (5, 11),
-        id="--handshake-rate 5: of 20 dials at once on an idle gateway, 5 are handshaken at once and 5 a "
-        "second after that; every review is answered",
+        id="--handshake-rate 5, 20 dials at once from a client with a connection idle: 5 handshaken at once "
+        "and 5 a second after that; every review is answered",
     ),
-    pytest.param(["--handshake-rate", "0"], (20, 20), id="--handshake-rate 0: all 20 in the first second"),
+    pytest.param(
+        ["--handshake-rate", "5"],
+        False,
+        (20, 20),
+        id="--handshake-rate 5, 20 dials at once from a client with no connection idle: all in the first second",
+    ),
+    pytest.param(
+        ["--handshake-rate", "0"],
+        True,
+        (20, 20),
+        id="--handshake-rate 0, a connection idle: all 20 in the first second",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("args", "in_the_first_second"), RATE_CASES)
-async def test_handshakes_are_admitted_at_most_at_the_handshake_rate(
-    nursery: trio.Nursery, tmp_path: Path, args: list[str], in_the_first_second: tuple[int, int]
+@pytest.mark.parametrize(("args", "one_idle", "in_the_first_second"), RATE_CASES)
+async def test_dials_of_a_client_with_a_connection_idle_are_admitted_at_the_handshake_rate(
+    nursery: trio.Nursery,
+    tmp_path: Path,
+    args: list[str],
+    one_idle: bool,
+    in_the_first_second: tuple[int, int],
 ) -> None:
     """An idle moment of the loop is not a reason to handshake every dial waiting: after a burst,
     client-go has thousands of dials open whose reviews were served on connections that came back,
     and handshaking them at each idle moment kept p99 up long after it (docs/performance.md, "after
-    a 2 s burst"). A one-second bucket bounds them, whatever the loop's idle moments say."""
+    a 2 s burst"). While a client has a connection idle at the gateway, none of its reviews waits for
+    a dial (client-go gives a waiting review an idle connection at once), and its dials go at the
+    rate; a client whose connections are all busy may need each dial, and they go at once."""
     gw, context = await _tls_gateway(nursery, tmp_path, *args)
+    if one_idle:  # a kept-alive connection, its review answered, idle for longer than 0.1 s
+        kept = trio.SSLStream(
+            await trio.open_tcp_stream("127.0.0.1", gw.port), context, server_hostname="localhost"
+        )
+        await kept.send_all(review_request())
+        assert (await read_response(kept)).split(b" ", 2)[1] == b"200"  # type: ignore[arg-type]
+        await trio.sleep(0.2)
     start = trio.current_time()
     handshaken: list[float] = []
 
@@ -403,15 +428,16 @@ async def test_a_loop_that_never_goes_idle_admits_burst_handshakes_per_50_ms(
 
 
 async def _admitted_in_a_second(
-    gate: HandshakeGate, burst: int, mock_clock: trio.testing.MockClock, *, idle: bool
+    gate: HandshakeGate, burst: int, mock_clock: trio.testing.MockClock, *, idle: bool, stale: bool = False
 ) -> int:
     """How many of 200 waiting handshakes ``gate`` admits in a second of trio's mock clock, moved
-    1 ms by every step of a task that lets the loop go idle between steps (``idle``) or never."""
+    1 ms by every step of a task that lets the loop go idle between steps (``idle``) or never.
+    ``stale``: each dial's client has a connection idle (no review of its waits for the dial)."""
     admitted = 0
 
     async def one() -> None:
         nonlocal admitted
-        await gate.admit()
+        await gate.admit(lambda: stale)
         admitted += 1
 
     async with trio.open_nursery() as nursery:
@@ -459,19 +485,21 @@ async def test_a_process_without_cpu_to_spare_admits_burst_handshakes_per_50_ms(
 
 
 @pytest.mark.parametrize(
-    ("rate", "expected"),
+    ("rate", "stale", "expected"),
     [
-        pytest.param(20.0, (38, 39), id="--handshake-rate 20 with the loop idle between steps: a second's worth at once (20, one of them taken before), then one per 50 ms, 39 in a second"),
-        pytest.param(5.0, (9, 9), id="--handshake-rate 5: 5 at once (one taken before), then one per 200 ms, 9 in a second"),
-        pytest.param(0.0, (200, 200), id="--handshake-rate 0: a handshake at each idle moment of the loop, all 200 in a second"),
+        pytest.param(20.0, True, (39, 40), id="--handshake-rate 20, dials whose client has a connection idle, the loop idle between steps: a second's worth at once (20), then one per 50 ms, 40 in a second"),
+        pytest.param(5.0, True, (9, 10), id="--handshake-rate 5, the same dials: 5 at once, then one per 200 ms, 10 in a second"),
+        pytest.param(20.0, False, (200, 200), id="--handshake-rate 20, dials whose client has no connection idle (a review may wait for each): one at each idle moment, all 200 in a second"),
+        pytest.param(0.0, True, (200, 200), id="--handshake-rate 0: a handshake at each idle moment of the loop, all 200 in a second"),
     ],
 )  # fmt: skip
-async def test_an_idle_loop_admits_at_most_the_handshake_rate(
-    rate: float, expected: tuple[int, int], mock_clock: trio.testing.MockClock
+async def test_an_idle_loop_admits_stale_dials_at_most_at_the_handshake_rate(
+    rate: float, stale: bool, expected: tuple[int, int], mock_clock: trio.testing.MockClock
 ) -> None:
     """The loop goes idle every 1 ms of trio's mock clock and the process has CPU to spare: without a
-    rate every idle moment admits one; with one, the bucket does."""
-    admitted = await _admitted_in_a_second(HandshakeGate(burst=1, rate=rate), 1, mock_clock, idle=True)
+    rate every idle moment admits one; with one, the bucket bounds the dials no review waits for."""
+    gate = HandshakeGate(burst=1, rate=rate)
+    admitted = await _admitted_in_a_second(gate, 1, mock_clock, idle=True, stale=stale)
     low, high = expected
     assert low <= admitted <= high
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.server.limits import FrameBudget, InboundLimits, connection_bounds
+from gateway.server.limits import FrameBudget, InboundLimits, InboundRuntime, connection_bounds
 from gateway.server.memory import memory_limit, parse_size
 from tests.support.inbound import DATA, GOAWAY, HEADERS, PING, PREFACE, frame, settings
 
@@ -201,3 +201,22 @@ def test_control_frame_budget_refills_over_time() -> None:
     assert not FrameBudget(100, 10.0, 32).feed(PREFACE + frame(PING, payload=bytes(8)) * 101, 0.0)
     assert budget.feed(frame(PING, payload=bytes(8)) * 10, 1.0)  # 10 tokens back after one second
     assert not budget.feed(frame(PING, payload=bytes(8)), 1.0)
+
+
+def test_a_client_is_idle_for_as_long_as_its_longest_waiting_connection() -> None:
+    """``InboundRuntime.idle_for``: what says whether a client's dial may have a review waiting for it
+    (the handshake gate's ``--handshake-rate``): a connection counts from when it last went idle
+    until its next request or its close; other clients do not count."""
+    runtime = InboundRuntime()
+    a, b, other = object(), object(), object()
+    assert runtime.idle_for("10.0.0.1", 5.0) == 0
+    runtime.connection_idle("10.0.0.1", a, 1.0)
+    runtime.connection_idle("10.0.0.1", b, 3.0)
+    runtime.connection_idle("10.0.0.2", other, 0.0)
+    assert runtime.idle_for("10.0.0.1", 5.0) == 4.0  # a, since 1.0
+    runtime.connection_busy("10.0.0.1", a)  # a request on it
+    assert runtime.idle_for("10.0.0.1", 5.0) == 2.0  # b, since 3.0
+    runtime.connection_busy("10.0.0.1", b)  # closed
+    assert runtime.idle_for("10.0.0.1", 5.0) == 0
+    assert runtime.idle == {"10.0.0.2": {other: 0.0}}  # nothing kept for a client without one idle
+    runtime.connection_busy("10.0.0.1", a)  # twice: no harm

@@ -280,7 +280,29 @@ class InboundRuntime:
     # True while the overload gate sheds: a request whose body comes in several reads is then
     # gathered whole where it is read and given to ``answer_at_once`` (``GatewayH11Protocol``).
     sheds_now: Callable[[], bool] | None = None
+    # Per client host, its established connections that wait for a request, and since when (trio
+    # time): a client with one idle has no review waiting for a dial (``idle_for``).
+    idle: dict[str, dict[Any, float]] = field(default_factory=dict)
     _accept_log_at: float = -math.inf
+
+    def connection_idle(self, host: str, connection: Any, now: float) -> None:
+        """``connection`` from ``host`` waits for a request from ``now`` on."""
+        self.idle.setdefault(host, {})[connection] = now
+
+    def connection_busy(self, host: str, connection: Any) -> None:
+        """``connection`` from ``host`` has a request (or closed)."""
+        idle = self.idle.get(host)
+        if idle is not None and idle.pop(connection, None) is not None and not idle:
+            del self.idle[host]
+
+    def idle_for(self, host: str, now: float) -> float:
+        """How long ``host``'s longest-idle established connection has waited for a request (0: none).
+
+        A client-go client hands an idle connection to a review that waits for one at once, so a
+        connection idle for more than a moment says that none of that client's reviews waits for a
+        dial: its dials still open were made for reviews served meanwhile."""
+        idle = self.idle.get(host)
+        return now - min(idle.values()) if idle else 0.0
 
     @property
     def open_connections(self) -> int:

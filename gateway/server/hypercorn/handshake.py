@@ -58,6 +58,7 @@ __all__ = [
     "ABANDONED",
     "BUSY_CPU_SHARE",
     "HANDSHAKE_FAILURES",
+    "STALE_DIAL_IDLE",
     "HandshakeGate",
     "PendingConnection",
     "client_gone",
@@ -89,6 +90,12 @@ _LINGER_RESET: Final = struct.pack("ii", 1, 0)
 # kept growing for the 10 s after it (p50 1.1 s); at 50 ms, p50 5 ms and p99 back at 15-50 ms
 # 1-4 s after it.
 BUSY_ADMISSION_INTERVAL: Final = 0.05
+
+# A dial counts as stale (``HandshakeGate.admit``) while a connection of its client's has waited this
+# long for a request at the gateway: client-go hands an idle connection to a review that waits at
+# once, so none of that client's reviews waits for the dial (a fresh connection counts from when it
+# was established; a request the busy loop has not read yet can make one look idle for a moment).
+STALE_DIAL_IDLE: Final = 0.1
 
 # The process counts as busy when it used this share of the CPU it may use over at least the last
 # 100 ms (``gateway.server.cgroup.CpuShare``); the gate then admits handshakes as when the loop is
@@ -131,6 +138,7 @@ class PendingConnection:
         tls_context: Callable[[], ssl.SSLContext] | None,
         limits: InboundLimits,
         gate: HandshakeGate | None = None,
+        stale: Callable[[], bool] | None = None,
     ) -> tuple[Any, str]:
         """The connection's stream once established, or None and why not (a close reason, or "").
 
@@ -150,7 +158,7 @@ class PendingConnection:
                     return trio.SocketStream(trio.socket.from_stdlib_socket(self.sock)), ""
                 await _client_hello(self.sock)
                 self.waits_on_us = True
-                if gate is not None and await gate.admit() and client_gone(self.sock):
+                if gate is not None and await gate.admit(stale) and client_gone(self.sock):
                     self._reset()  # behind the established connections' work, too long for its client
                     return None, ABANDONED
                 self.stream = TLSSocketStream(self.sock, tls_context(), server_side=True)
@@ -332,13 +340,15 @@ class HandshakeGate:
         self._burst = max(1, burst)
         self._max_delay = max_delay
         self._busy = busy
-        # At most ``rate`` handshakes a second on average, ``rate`` at once after a quiet second
-        # (a token bucket of one second's handshakes; 0: no such bound).
+        # Stale dials (``admit``): at most ``rate`` handshakes a second on average, ``rate`` at once
+        # after a quiet second (a token bucket of one second's handshakes; 0: no such bound).
         self._rate = rate
-        self._allowance = max(0.0, rate - self._burst)
+        self._allowance = rate
         self._allowance_at = trio.current_time()
         self._tokens = self._burst
-        self._waiters: deque[trio.Event] = deque()  # waiting handshakes, oldest first
+        # Waiting handshakes, oldest first, each with what says whether its client has no review
+        # waiting for it (``admit``'s ``stale``).
+        self._waiters: deque[tuple[trio.Event, Callable[[], bool] | None]] = deque()
         self._wake = trio.Event()
         self._room: trio.Event | None = None  # set when a waiting handshake leaves the queue
         self.running = False
@@ -359,17 +369,20 @@ class HandshakeGate:
             self._room.set()
             self._room = None
 
-    async def admit(self) -> bool:
+    async def admit(self, stale: Callable[[], bool] | None = None) -> bool:
         """Wait for this connection's turn to compute its handshake (cancellable: its deadline).
 
+        ``stale``: True while its client has a connection idle, so that no review of its waits for
+        this dial; such a dial waits for the rate (``rate``) while others go at idle moments.
         True if it had to wait (its client may have given up meanwhile)."""
-        if self._tokens and not self._waiters:
+        if self._tokens and not self._waiters and not (self._rate and stale is not None and stale()):
             self._tokens -= 1
             if not self._tokens:
                 self._wake.set()
             return False
         turn = trio.Event()
-        self._waiters.append(turn)
+        entry = (turn, stale)
+        self._waiters.append(entry)
         self._wake.set()
         try:
             await turn.wait()
@@ -378,7 +391,7 @@ class HandshakeGate:
                 self._tokens += 1
                 self._wake.set()
             else:
-                self._waiters.remove(turn)
+                self._waiters.remove(entry)
                 self._left()
             raise
         return True
@@ -394,22 +407,39 @@ class HandshakeGate:
             else:
                 with trio.move_on_after(self._max_delay):
                     await trio.testing.wait_all_tasks_blocked()
-            self._tokens = self._burst if not self._rate else await self._within_rate()
+            self._tokens = self._burst
             waiters = self._waiters
             while self._tokens and waiters:
+                turn = self._next()
+                if turn is None:  # only stale dials wait, and this second's allowance is spent
+                    await trio.sleep(1 / self._rate)
+                    continue
                 self._tokens -= 1
-                waiters.popleft().set()
+                turn.set()
             self._left()
             if waiters:
                 self._wake.set()  # more to admit at the next idle moment
 
-    async def _within_rate(self) -> int:
-        """Up to ``burst`` tokens from the one-second bucket, waiting for the first if it is empty."""
+    def _next(self) -> trio.Event | None:
+        """The waiting handshake to admit now: the oldest, unless it is a stale dial (``admit``) and
+        the one-second bucket is empty; then the oldest dial some review may wait for, if any."""
+        waiters = self._waiters
+        if not self._rate:
+            return waiters.popleft()[0]
+        for entry in waiters:
+            turn, stale = entry
+            if stale is None or not stale() or self._take_allowance():
+                waiters.remove(entry)
+                return turn
+        return None
+
+    def _take_allowance(self) -> bool:
+        """One handshake from the one-second bucket, if it has one."""
         now = trio.current_time()
         allowance = min(self._rate, self._allowance + (now - self._allowance_at) * self._rate)
-        if allowance < 1:
-            await trio.sleep((1 - allowance) / self._rate)
-            allowance, now = 1.0, trio.current_time()
-        tokens = min(self._burst, int(allowance))
-        self._allowance, self._allowance_at = allowance - tokens, now
-        return tokens
+        self._allowance_at = now
+        if allowance >= 1:
+            self._allowance = allowance - 1
+            return True
+        self._allowance = allowance
+        return False

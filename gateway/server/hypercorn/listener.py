@@ -51,6 +51,7 @@ from gateway.server.hypercorn.handshake import (
     ABANDONED,
     BUSY_CPU_SHARE,
     HANDSHAKE_FAILURES,
+    STALE_DIAL_IDLE,
     HandshakeGate,
     PendingConnection,
     client_gone,
@@ -205,7 +206,12 @@ async def _serve_connection(
 ) -> None:
     """One connection's task: established (``PendingConnection``), then served (``GatewayTCPServer``)."""
     try:
-        stream, reason = await pending.establish(tls_context, runtime.limits, runtime.handshakes)
+        host = pending.peer[0] if pending.peer else None
+
+        def stale() -> bool:  # a connection of its client's is idle: no review waits for this dial
+            return host is not None and runtime.idle_for(host, trio.current_time()) >= STALE_DIAL_IDLE
+
+        stream, reason = await pending.establish(tls_context, runtime.limits, runtime.handshakes, stale)
     finally:
         runtime.end_pending(pending)
     if stream is None:

@@ -78,6 +78,7 @@ class GatewayTCPServer(TCPServer):
         self.watchdog = Watchdog(self, self.runtime.deadlines)
         # (client, server) addresses, as the listener knows them from accept (None: ask the socket).
         self.addresses: tuple[Any, Any] | None = None
+        self._host: str | None = None  # the client's, once serving (``InboundRuntime.idle``)
         self.idle = True
         self.aborted = False
         self._goaway_sent = False
@@ -175,6 +176,9 @@ class GatewayTCPServer(TCPServer):
         """Serve the connection; its TLS handshake is done (``handshake.PendingConnection``)."""
         runtime = self.runtime
         runtime.connections.add(self)
+        host = self._host = self.addresses[0][0] if self.addresses is not None else None
+        if host is not None:  # established, no request yet (``InboundRuntime.idle_for``)
+            runtime.connection_idle(host, self, trio.current_time())
         try:
             await self._serve()
         except Exception:
@@ -184,6 +188,8 @@ class GatewayTCPServer(TCPServer):
             await trio.aclose_forcefully(self.stream)
         finally:
             runtime.connections.discard(self)
+            if host is not None:
+                runtime.connection_busy(host, self)
             if self._read_over and not self._requested and not self.aborted:
                 runtime.events.connection_unused()  # closed by its client before any request
             self._release()
@@ -357,6 +363,11 @@ class GatewayTCPServer(TCPServer):
             await self.protocol.handle(Closed())
         elif isinstance(event, Updated):
             self.idle = event.idle
+            if self._host is not None:
+                if event.idle:
+                    self.runtime.connection_idle(self._host, self, trio.current_time())
+                else:
+                    self.runtime.connection_busy(self._host, self)
             if not event.idle:
                 self._requested = True
                 self.watchdog.set(math.inf, "")
