@@ -162,9 +162,9 @@ def build_parser(prog: str, *, usage: str | None = None, epilog: str | None = No
     add_option(
         i,
         "--handshake-rate",
-        help="TLS handshakes a second at most, on average, behind --handshake-burst (as many at once "
-        "after a quiet second): a caller the gateway keeps up with needs few new connections, and "
-        "dials left over from a burst cost a handshake each; 0: no such bound",
+        help="TLS handshakes a second at most, on average (as many at once after a quiet second), for "
+        "dials of a client that has a connection idle at the gateway: no review of its waits for them "
+        "(dials left over from a burst); other dials go as --handshake-burst says; 0: no such bound",
         type=_non_negative_float,
         default=D.handshake_rate,
     )

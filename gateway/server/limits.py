@@ -48,12 +48,12 @@ _EVICTION_LOOK: Final = 64
 # own client at 80 % of capacity, 1 beside 8 answered 23 % more with a third of the dials and a
 # quarter of the failed reviews (docs/inbound.md, "Connections that are not established yet").
 DEFAULT_HANDSHAKE_BURST: Final = 1
-# TLS handshakes a second, on average, whatever the loop's idle moments say (a bucket of one
-# second's worth: as many at once after a quiet second). client-go keeps at most 25 idle connections
-# per host, so a caller the gateway keeps up with needs few new ones; after a burst it has thousands
-# of dials open whose reviews were already served on connections that came back, and handshaking
-# them at every idle moment kept p99 up for the rest of the phase (docs/performance.md, "after a
-# 2 s burst").
+# TLS handshakes a second, on average, for stale dials (their client has a connection idle at the
+# gateway, so none of its reviews waits for them), whatever the loop's idle moments say (a bucket of
+# one second's worth: as many at once after a quiet second). After a burst client-go has thousands
+# of dials open whose reviews were served on connections that came back, and handshaking them at
+# every idle moment kept p99 up for the rest of the phase (docs/inbound.md, "Dials left over from a
+# burst").
 DEFAULT_HANDSHAKE_RATE: Final = 20.0
 # TLS handshakes waiting for the event loop at which the listener stops accepting (0: never stops).
 DEFAULT_MAX_WAITING_HANDSHAKES: Final = 16
@@ -115,7 +115,7 @@ class InboundLimits:
     handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT
     # TLS handshakes computed between two idle moments of the event loop (0: no gate).
     handshake_burst: int = DEFAULT_HANDSHAKE_BURST
-    # ...and at most this many a second on average, as many at once after a quiet second (0: no bound).
+    # ...and stale dials at most this many a second on average (``HandshakeGate``; 0: no bound).
     handshake_rate: float = DEFAULT_HANDSHAKE_RATE
     # Handshakes waiting at that gate at which accepting pauses: further dials wait in the kernel's
     # accept queue (0: accept regardless; at most half the pending bound, ``InboundRuntime.accept_room``).
