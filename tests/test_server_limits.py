@@ -220,3 +220,7 @@ def test_a_client_is_idle_for_as_long_as_its_longest_waiting_connection() -> Non
     assert runtime.idle_for("10.0.0.1", 5.0) == 0
     assert runtime.idle == {"10.0.0.2": {other: 0.0}}  # nothing kept for a client without one idle
     runtime.connection_busy("10.0.0.1", a)  # twice: no harm
+    runtime.connection_idle("10.0.0.1", b, 4.0)
+    runtime.connection_idle("10.0.0.1", a, 4.5)
+    runtime.connection_idle("10.0.0.1", b, 4.8)  # idle again: counts from its latest
+    assert runtime.idle_for("10.0.0.1", 5.0) == 0.5  # a, since 4.5

@@ -287,7 +287,9 @@ class InboundRuntime:
 
     def connection_idle(self, host: str, connection: Any, now: float) -> None:
         """``connection`` from ``host`` waits for a request from ``now`` on."""
-        self.idle.setdefault(host, {})[connection] = now
+        idle = self.idle.setdefault(host, {})
+        idle.pop(connection, None)
+        idle[connection] = now  # last: a client's connections stay in the order they went idle
 
     def connection_busy(self, host: str, connection: Any) -> None:
         """``connection`` from ``host`` has a request (or closed)."""
@@ -302,7 +304,7 @@ class InboundRuntime:
         connection idle for more than a moment says that none of that client's reviews waits for a
         dial: its dials still open were made for reviews served meanwhile."""
         idle = self.idle.get(host)
-        return now - min(idle.values()) if idle else 0.0
+        return now - next(iter(idle.values())) if idle else 0.0  # the first went idle first
 
     @property
     def open_connections(self) -> int:
