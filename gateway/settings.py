@@ -45,7 +45,7 @@ class ServeSettings:
     max_pending_connections: int = 0  # not established yet; 0: derived
     handshake_timeout: float = 5.0
     handshake_burst: int = 1  # TLS handshakes between two idle moments of the event loop; 0: no gate
-    handshake_rate: float = 20.0  # ...and stale dials at most this many a second; 0: no such bound
+    handshake_rate: float = 0.0  # ...and stale dials at most this many a second; 0: no such bound
     max_waiting_handshakes: int = 16  # handshakes waiting at that gate at which accepting pauses; 0: never
     memory_limit: int | None = None  # bytes; None: the cgroup's (docs/inbound.md, "Memory")
     fd_reserve: int = 512

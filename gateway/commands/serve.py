@@ -164,7 +164,8 @@ def build_parser(prog: str, *, usage: str | None = None, epilog: str | None = No
         "--handshake-rate",
         help="TLS handshakes a second at most, on average (as many at once after a quiet second), for "
         "dials of a client that has a connection idle at the gateway: no review of its waits for them "
-        "(dials left over from a burst); other dials go as --handshake-burst says; 0: no such bound",
+        "(dials left over from a burst; e.g. 20); other dials go as --handshake-burst says; 0: no such "
+        "bound",
         type=_non_negative_float,
         default=D.handshake_rate,
     )

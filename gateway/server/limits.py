@@ -50,11 +50,14 @@ _EVICTION_LOOK: Final = 64
 DEFAULT_HANDSHAKE_BURST: Final = 1
 # TLS handshakes a second, on average, for stale dials (their client has a connection idle at the
 # gateway, so none of its reviews waits for them), whatever the loop's idle moments say (a bucket of
-# one second's worth: as many at once after a quiet second). After a burst client-go has thousands
-# of dials open whose reviews were served on connections that came back, and handshaking them at
-# every idle moment kept p99 up for the rest of the phase (docs/inbound.md, "Dials left over from a
-# burst").
-DEFAULT_HANDSHAKE_RATE: Final = 20.0
+# one second's worth: as many at once after a quiet second); 0: no such bound. After a burst
+# client-go has thousands of dials open whose reviews were served on connections that came back,
+# and handshaking them at every idle moment kept p99 up for the rest of the phase; 20 cut those
+# handshakes 5-8x (docs/inbound.md, "Dials left over from a burst"). Off by default: two connection
+# pools behind one address (an apiserver's two registrations, or apiservers behind one proxy) look
+# like one client, so the idle one's connections would hold the other's needed dials to the rate
+# when a slow backend makes it open many at once.
+DEFAULT_HANDSHAKE_RATE: Final = 0.0
 # TLS handshakes waiting for the event loop at which the listener stops accepting (0: never stops).
 DEFAULT_MAX_WAITING_HANDSHAKES: Final = 16
 

@@ -30,6 +30,7 @@ Reasons (limits; docs/inbound.md, "Connections that are not established yet"):
   waiting review an idle connection at once); after a burst the apiserver's client has thousands
   of such dials open. They are admitted at most ``rate`` a second, whatever the loop's idle moments
   say; a dial whose client has no connection idle may be some review's only hope and goes as before.
+  Off by default: an address can hold several connection pools (docs/inbound.md).
 - **A dial its client gave up is not computed.** A TLS connection is checked for its client's FIN
   or reset when it is accepted (the listener) and again after it waited at the gate
   (``client_gone``; Go's transport gives a dial up at its TLS handshake timeout, 10 s under

@@ -206,7 +206,7 @@ async def _serve_connection(
 ) -> None:
     """One connection's task: established (``PendingConnection``), then served (``GatewayTCPServer``)."""
     try:
-        host = pending.peer[0] if pending.peer else None
+        host = pending.peer[0] if isinstance(pending.peer, tuple) else None  # an IP client's address
 
         def stale() -> bool:  # a connection of its client's is idle: no review waits for this dial
             return host is not None and runtime.idle_for(host, trio.current_time()) >= STALE_DIAL_IDLE

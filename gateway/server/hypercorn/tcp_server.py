@@ -176,7 +176,8 @@ class GatewayTCPServer(TCPServer):
         """Serve the connection; its TLS handshake is done (``handshake.PendingConnection``)."""
         runtime = self.runtime
         runtime.connections.add(self)
-        host = self._host = self.addresses[0][0] if self.addresses is not None else None
+        peer = self.addresses[0] if self.addresses is not None else None
+        host = self._host = peer[0] if isinstance(peer, tuple) else None  # an IP client's address
         if host is not None:  # established, no request yet (``InboundRuntime.idle_for``)
             runtime.connection_idle(host, self, trio.current_time())
         try:
