@@ -504,6 +504,33 @@ async def test_an_idle_loop_admits_stale_dials_at_most_at_the_handshake_rate(
     assert low <= admitted <= high
 
 
+async def test_a_dial_some_review_waits_for_goes_before_stale_ones_at_a_slow_rate(
+    mock_clock: trio.testing.MockClock,
+) -> None:
+    """--handshake-rate 0.5, stale dials waiting for the bucket: a dial whose client has no connection
+    idle, queued behind them, is admitted within the gate's 50 ms, not at the rate's 2 s."""
+    gate = HandshakeGate(burst=1, rate=0.5)
+    admitted: dict[str, float] = {}
+
+    async def dial(name: str, stale: bool) -> None:
+        await gate.admit(lambda: stale)
+        admitted[name] = trio.current_time()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(gate.run)
+        for n in range(3):  # the bucket starts with half a handshake: none of them goes yet
+            nursery.start_soon(dial, f"stale {n}", True)
+        await trio.testing.wait_all_tasks_blocked()
+        start = trio.current_time()
+        nursery.start_soon(dial, "live", False)
+        while "live" not in admitted:
+            mock_clock.jump(0.01)
+            await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    assert admitted["live"] - start <= 0.06
+    assert not any(name.startswith("stale ") for name in admitted)
+
+
 async def _handshake_then_close(gw: Gateway, context: ssl.SSLContext) -> None:
     """A dial client-go did not need: the handshake completes, then the client closes it unused
     (its idle pool already held 25 connections)."""

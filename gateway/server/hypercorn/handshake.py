@@ -425,7 +425,8 @@ class HandshakeGate:
             while self._tokens and waiters:
                 turn = self._next()
                 if turn is None:  # only stale dials wait, and this second's allowance is spent
-                    await trio.sleep(1 / self._rate)
+                    # Until the next comes back, or a dial some review waits for comes meanwhile.
+                    await trio.sleep(min(1 / self._rate, self._max_delay))
                     continue
                 self._tokens -= 1
                 turn.set()
