@@ -527,7 +527,7 @@ async def test_a_dial_some_review_waits_for_goes_before_stale_ones_at_a_slow_rat
             mock_clock.jump(0.01)
             await trio.testing.wait_all_tasks_blocked()
         nursery.cancel_scope.cancel()
-    assert admitted["live"] - start <= 0.06
+    assert admitted["live"] - start < 0.1  # the gate's 50 ms and the test's 10 ms steps; not 2 s
     assert not any(name.startswith("stale ") for name in admitted)
 
 
