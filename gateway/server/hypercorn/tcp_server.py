@@ -177,7 +177,9 @@ class GatewayTCPServer(TCPServer):
         runtime = self.runtime
         runtime.connections.add(self)
         peer = self.addresses[0] if self.addresses is not None else None
-        host = self._host = peer[0] if isinstance(peer, tuple) else None  # an IP client's address
+        # An IP client's address, kept only when --handshake-rate needs to know its idle connections.
+        rated = runtime.limits.handshake_rate > 0
+        host = self._host = peer[0] if isinstance(peer, tuple) and rated else None
         if host is not None:  # established, no request yet (``InboundRuntime.idle_for``)
             runtime.connection_idle(host, self, trio.current_time())
         try:
